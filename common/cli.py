@@ -1,0 +1,72 @@
+"""The command line every lesson script shares, so that `diff` between lessons shows only the new idea."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from common.data import default_data_dir
+from common.errors import CourseError
+
+
+def default_num_workers() -> int:
+    """DataLoader workers: the CPUs Slurm gave this task minus one for the training loop itself."""
+    if "SLURM_CPUS_PER_TASK" in os.environ:
+        cpus = int(os.environ["SLURM_CPUS_PER_TASK"])
+    else:
+        cpus = (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(0, min(8, cpus - 1))
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def base_parser(lesson: str, description: str) -> argparse.ArgumentParser:
+    """Flags shared by lessons 02-05; each lesson adds its own after this."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--data", choices=["mnist", "synthetic"], default="mnist",
+                   help="real MNIST, or synthetic digits written as genuine MNIST files (offline) (default: mnist)")
+    p.add_argument("--data-dir", default=default_data_dir(),
+                   help="folder holding MNIST/raw (default: $WORKSHOP_DATA_DIR or ./data)")
+    p.add_argument("--train-samples", type=positive_int, default=None, help="use the first N training images (default: all)")
+    p.add_argument("--test-samples", type=positive_int, default=None, help="use the first N test images (default: all)")
+    p.add_argument("--epochs", type=positive_int, default=14, help="number of epochs to train (default: 14)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="training batch size PER PROCESS (default: 64)")
+    p.add_argument("--test-batch-size", type=positive_int, default=1000, help="test batch size per process (default: 1000)")
+    p.add_argument("--lr", type=float, default=1.0, help="learning rate (default: 1.0)")
+    p.add_argument("--gamma", type=float, default=0.7, help="learning-rate decay per epoch (default: 0.7)")
+    p.add_argument("--seed", type=int, default=1, help="random seed (default: 1)")
+    p.add_argument("--max-steps", type=positive_int, default=None, help="stop each epoch after N optimizer steps (default: no cap)")
+    p.add_argument("--dry-run", action="store_true", help="smoke test: 1 epoch of 2 steps")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto picks cuda:LOCAL_RANK if there is a GPU (default: auto)")
+    p.add_argument("--num-workers", type=int, default=default_num_workers(),
+                   help="DataLoader worker processes (default: from SLURM_CPUS_PER_TASK, else the CPUs per process - 1)")
+    p.add_argument("--output-dir", default=os.path.join("runs", lesson), help=f"where metrics, plots and checkpoints go (default: runs/{lesson})")
+    p.add_argument("--resume", default=None, help="checkpoint to resume from (default: start fresh)")
+    p.add_argument("--amp", action="store_true", help="bfloat16 autocast for forward passes")
+    return p
+
+
+def args_to_dict(args) -> dict:
+    """argparse Namespace (or None) -> a dict of plain values, safe for JSON and weights_only loads."""
+    return {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in vars(args or argparse.Namespace()).items()}
+
+
+def parse(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.epochs, args.max_steps = 1, 2
+    return args
+
+
+def run(main, argv=None) -> None:
+    """Call main(); a CourseError becomes one line on stderr and exit code 2, not a traceback wall."""
+    try:
+        main(argv)
+    except CourseError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)

@@ -1,0 +1,42 @@
+"""Printing from many processes: rank 0 speaks, the others stay quiet unless asked.
+
+A tqdm bar is drawn on rank 0 only and only on a terminal. In a Slurm log file a bar turns into
+thousands of carriage returns, so there we print a plain line every tenth of the epoch instead.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Iterable
+
+from tqdm import tqdm
+
+from common.distributed import get_rank, is_main_process
+
+
+def log0(*args, **kwargs) -> None:
+    """print() on the main process only, flushed so it shows up in Slurm logs right away."""
+    if is_main_process():
+        print(*args, flush=True, **kwargs)
+
+
+def log_all(*args, **kwargs) -> None:
+    """print() on every rank, prefixed with the rank, for the few lines each rank must say."""
+    print(f"[rank {get_rank()}]", *args, flush=True, **kwargs)
+
+
+def _periodic(iterable: Iterable, desc: str, total: int):
+    every = max(1, total // 10)
+    for i, item in enumerate(iterable, 1):
+        yield item
+        if i % every == 0 or i == total:
+            print(f"{desc} {i}/{total}", flush=True)
+
+
+def progress(iterable: Iterable, desc: str = "", total: int | None = None) -> Iterable:
+    """A progress bar (terminal) or periodic lines (log file) on rank 0; the bare iterable elsewhere."""
+    if not is_main_process():
+        return iterable
+    total = len(iterable) if total is None else total
+    if sys.stderr.isatty():
+        return tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True)
+    return _periodic(iterable, desc, total)

@@ -1,0 +1,64 @@
+"""Metrics across ranks: all_reduce SUMS, then divide once.
+
+The mean of per-rank means is wrong when ranks saw different numbers of examples (the last
+test shard is often smaller), so every rank sums loss, correct and count, one all_reduce adds
+the sums, and only then do we divide. ReduceOp.SUM is used everywhere: ReduceOp.AVG is not
+reliable on gloo. In a single process the all_reduce is skipped and the same code runs.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def all_reduce_sum(values, device: torch.device | str = "cpu") -> list[float]:
+    """Sum a list of numbers over all ranks (float64, so counts stay exact)."""
+    t = torch.tensor(list(values), dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_reduce_max(value: float, device: torch.device | str = "cpu") -> float:
+    """The largest value over all ranks, e.g. the slowest rank's epoch time."""
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+class EpochMeter:
+    """Accumulates loss sum, correct predictions and example count for one train or test epoch.
+
+    Sums stay on the device as tensors so that update() never forces a GPU sync.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.count = 0
+        self.start = time.perf_counter()
+
+    def update(self, loss_sum: torch.Tensor, correct: torch.Tensor | int, count: int) -> None:
+        """loss_sum: the SUM of per-example losses of a batch (not the mean)."""
+        self.loss_sum += loss_sum.detach().to(torch.float64)
+        self.correct += correct
+        self.count += count
+
+    def reduce(self) -> dict:
+        """Global loss, accuracy, count and images/s over all ranks. Every rank must call it."""
+        seconds = all_reduce_max(time.perf_counter() - self.start, self.device)
+        loss_sum, correct, count = all_reduce_sum(
+            [self.loss_sum.item(), self.correct.item(), self.count], self.device)
+        count = int(count)
+        return {
+            "loss": loss_sum / max(count, 1),
+            "accuracy": correct / max(count, 1),
+            "correct": int(correct),
+            "count": count,
+            "seconds": seconds,
+            "images_per_second": count / seconds if seconds > 0 else 0.0,
+        }

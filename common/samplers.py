@@ -1,0 +1,34 @@
+"""Samplers. Training uses torch's DistributedSampler as it is; evaluation needs one without padding.
+
+DistributedSampler pads the dataset so every rank gets the same number of samples: 10,000 test
+images on 3 ranks become 10,002, and two images are counted twice. For training that is harmless;
+for a test accuracy it is a (small) lie. EvalSampler gives every example to exactly one rank.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sized
+
+from torch.utils.data import Sampler
+
+from common.distributed import get_rank, get_world_size
+
+
+class EvalSampler(Sampler[int]):
+    """Rank r takes examples r, r + W, r + 2W, ...: no padding, no duplicates, no shuffling.
+
+    With 10,000 examples over 3 ranks the shards have 3334, 3333 and 3333 examples.
+    Ranks may get one example more or less than others, so reduce SUMS (not averages) afterwards.
+    """
+
+    def __init__(self, data_source: Sized | int, num_replicas: int | None = None, rank: int | None = None):
+        self.length = data_source if isinstance(data_source, int) else len(data_source)
+        self.num_replicas = get_world_size() if num_replicas is None else num_replicas
+        self.rank = get_rank() if rank is None else rank
+        if not 0 <= self.rank < self.num_replicas:
+            raise ValueError(f"rank {self.rank} is outside 0..{self.num_replicas - 1}")
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.num_replicas))
