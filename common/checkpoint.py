@@ -59,13 +59,16 @@ def _rng_state() -> dict:
 
 
 def save_checkpoint(path, model, optimizer=None, scheduler=None, *, epoch: int, step: int,
-                    args=None, lesson: str = "") -> None:
-    """Rank 0 writes the checkpoint; every rank returns only once the file is complete."""
+                    args=None, lesson: str = "", model_state: dict | None = None) -> None:
+    """Rank 0 writes the checkpoint; every rank returns only once the file is complete.
+
+    model_state replaces model.state_dict() when the weights were gathered elsewhere (FSDP's full state).
+    """
     if is_main_process():
         atomic_save({
             "format": FORMAT,
             "lesson": lesson,
-            "model": unwrap(model).state_dict(),
+            "model": unwrap(model).state_dict() if model_state is None else model_state,
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "epoch": epoch,

@@ -1,11 +1,12 @@
 """Printing from many processes: rank 0 speaks, the others stay quiet unless asked.
 
 A tqdm bar is drawn on rank 0 only and only on a terminal. In a Slurm log file a bar turns into
-thousands of carriage returns, so there we print a plain line every tenth of the epoch instead.
+thousands of carriage returns, so there we print a plain progress line every 30 seconds instead.
 """
 from __future__ import annotations
 
 import sys
+import time
 from typing import Iterable
 
 from tqdm import tqdm
@@ -24,12 +25,13 @@ def log_all(*args, **kwargs) -> None:
     print(f"[rank {get_rank()}]", *args, flush=True, **kwargs)
 
 
-def _periodic(iterable: Iterable, desc: str, total: int):
-    every = max(1, total // 10)
+def _periodic(iterable: Iterable, desc: str, total: int, every_s: float = 30.0):
+    last = time.monotonic()
     for i, item in enumerate(iterable, 1):
         yield item
-        if i % every == 0 or i == total:
-            print(f"{desc} {i}/{total}", flush=True)
+        if time.monotonic() - last >= every_s:
+            print(f"{desc}: step {i}/{total}", flush=True)
+            last = time.monotonic()
 
 
 def progress(iterable: Iterable, desc: str = "", total: int | None = None) -> Iterable:

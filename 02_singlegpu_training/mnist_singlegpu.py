@@ -1,0 +1,98 @@
+"""Lesson 02: the classic MNIST CNN on ONE device: a GPU if there is one, else the CPU.
+
+This is the baseline every later lesson changes as little as possible:
+    python mnist_singlegpu.py --epochs 1 --data synthetic
+"""
+import itertools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import torch.optim as optim
+from torch.optim.lr_scheduler import StepLR
+from torch.utils.data import DataLoader
+
+from common.checkpoint import load_checkpoint, save_checkpoint
+from common.cli import base_parser, parse, run
+from common.data import load_mnist, loader_kwargs
+from common.distributed import cleanup, setup
+from common.log import log0, progress
+from common.metrics import EpochMeter
+from common.model import Net
+from common.profiling import profile_steps
+from common.results import RunRecorder
+
+LESSON = "02_singlegpu_training"
+
+
+def train(args, model, device, train_loader, optimizer, epoch, steps):
+    model.train()
+    meter = EpochMeter(device)
+    for data, target in progress(itertools.islice(train_loader, steps), f"epoch {epoch}", steps):
+        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            output = model(data)
+        loss = F.nll_loss(output.float(), target)
+        loss.backward()
+        optimizer.step()
+        meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so epochs average correctly
+    return meter.reduce()
+
+
+@torch.no_grad()
+def test(args, model, device, test_loader):
+    model.eval()
+    meter = EpochMeter(device)
+    for data, target in test_loader:
+        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            output = model(data)
+        loss_sum = F.nll_loss(output.float(), target, reduction="sum")
+        meter.update(loss_sum, (output.argmax(dim=1) == target).sum(), len(data))
+    return meter.reduce()
+
+
+def main(argv=None):
+    parser = base_parser(LESSON, "Lesson 02: MNIST on one GPU (or the CPU)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile 30 training steps with torch.profiler and print where the time goes")
+    args = parse(parser, argv)
+    if args.profile:
+        args.epochs, args.max_steps = 1, min(args.max_steps or 30, 30)
+
+    ctx = setup(use_distributed="off", device=args.device)  # one process, no process group
+    device = ctx.device
+    torch.manual_seed(args.seed)
+    log0(f"lesson 02: 1 process on {device}")
+
+    train_ds, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples)
+    train_loader = DataLoader(train_ds, batch_size=args.batch_size, shuffle=True,
+                              **loader_kwargs(device, args.num_workers))
+    test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, **loader_kwargs(device, args.num_workers))
+    steps = min(len(train_loader), args.max_steps or len(train_loader))
+
+    model = Net().to(device)
+    optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
+    scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
+    start_epoch = 1
+    if args.resume:
+        start_epoch = load_checkpoint(args.resume, model, optimizer, scheduler, map_location=device)["epoch"] + 1
+
+    recorder = RunRecorder(args.output_dir, LESSON, ctx, args)
+    for epoch in range(start_epoch, args.epochs + 1):
+        if args.profile:
+            with profile_steps(device):
+                train(args, model, device, train_loader, optimizer, epoch, steps)
+            break
+        train_stats = train(args, model, device, train_loader, optimizer, epoch, steps)
+        test_stats = test(args, model, device, test_loader)
+        scheduler.step()
+        recorder.add_epoch(epoch, train_stats, test_stats)
+        save_checkpoint(Path(args.output_dir) / "checkpoint.pt", model, optimizer, scheduler,
+                        epoch=epoch, step=epoch * steps, args=args, lesson=LESSON)
+    cleanup()
+
+
+if __name__ == "__main__":
+    run(main)

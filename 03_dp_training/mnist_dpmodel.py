@@ -1,0 +1,96 @@
+"""Lesson 03: nn.DataParallel, one process driving every visible GPU.
+
+Each batch is split across the GPUs, replicas of the model run the pieces in threads, and the
+outputs and gradients are gathered back on GPU 0. Easy to add, slow to scale (see the README):
+    python mnist_dpmodel.py --epochs 1 --data synthetic
+"""
+import itertools
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+from torch.optim.lr_scheduler import StepLR
+from torch.utils.data import DataLoader
+
+from common.checkpoint import load_checkpoint, save_checkpoint
+from common.cli import base_parser, parse, run
+from common.data import load_mnist, loader_kwargs
+from common.distributed import cleanup, setup
+from common.log import log0, progress
+from common.metrics import EpochMeter
+from common.model import Net
+from common.results import RunRecorder
+
+LESSON = "03_dp_training"
+
+
+def train(args, model, device, train_loader, optimizer, epoch, steps):
+    model.train()
+    meter = EpochMeter(device)
+    for data, target in progress(itertools.islice(train_loader, steps), f"epoch {epoch}", steps):
+        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            output = model(data)
+        loss = F.nll_loss(output.float(), target)
+        loss.backward()
+        optimizer.step()
+        meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so epochs average correctly
+    return meter.reduce()
+
+
+@torch.no_grad()
+def test(args, model, device, test_loader):
+    model.eval()
+    meter = EpochMeter(device)
+    for data, target in test_loader:
+        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            output = model(data)
+        loss_sum = F.nll_loss(output.float(), target, reduction="sum")
+        meter.update(loss_sum, (output.argmax(dim=1) == target).sum(), len(data))
+    return meter.reduce()
+
+
+def main(argv=None):
+    parser = base_parser(LESSON, "Lesson 03: MNIST with nn.DataParallel over the visible GPUs")
+    args = parse(parser, argv)
+
+    ctx = setup(use_distributed="off", device=args.device)  # one process, no process group
+    device = ctx.device
+    torch.manual_seed(args.seed)
+    n_gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+
+    train_ds, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples)
+    train_loader = DataLoader(train_ds, batch_size=args.batch_size, shuffle=True,
+                              **loader_kwargs(device, args.num_workers))
+    test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, **loader_kwargs(device, args.num_workers))
+    steps = min(len(train_loader), args.max_steps or len(train_loader))
+
+    model = Net().to(device)  # the master copy lives on GPU 0 (cuda:0)
+    if n_gpus > 1:
+        model = nn.DataParallel(model)  # --batch-size is split across the GPUs at every step
+        log0(f"lesson 03: 1 process, nn.DataParallel over {n_gpus} GPUs, {args.batch_size // n_gpus} images per GPU")
+    else:
+        log0(f"lesson 03: DataParallel needs 2+ GPUs and does nothing on {device}: running as one process")
+    optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
+    scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
+    start_epoch = 1
+    if args.resume:
+        start_epoch = load_checkpoint(args.resume, model, optimizer, scheduler, map_location=device)["epoch"] + 1
+
+    recorder = RunRecorder(args.output_dir, LESSON, ctx, args)
+    for epoch in range(start_epoch, args.epochs + 1):
+        train_stats = train(args, model, device, train_loader, optimizer, epoch, steps)
+        test_stats = test(args, model, device, test_loader)
+        scheduler.step()
+        recorder.add_epoch(epoch, train_stats, test_stats)
+        save_checkpoint(Path(args.output_dir) / "checkpoint.pt", model, optimizer, scheduler,
+                        epoch=epoch, step=epoch * steps, args=args, lesson=LESSON)
+    cleanup()
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,127 @@
+"""Lesson 04: DistributedDataParallel, one process per GPU (or per CPU slot), any number of nodes.
+
+Every process holds a full replica, trains on its own shard of the data, and DDP all_reduces
+the gradients during backward, so all replicas take the same optimizer step:
+    torchrun --standalone --nproc_per_node=2 mnist_ddpmodel.py --epochs 1 --data synthetic
+"""
+import itertools
+import socket
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+from torch.optim.lr_scheduler import StepLR
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from common.checkpoint import load_checkpoint, save_checkpoint
+from common.cli import base_parser, parse, positive_int, run
+from common.data import load_mnist, loader_kwargs
+from common.distributed import cleanup, setup
+from common.errors import CourseError
+from common.log import log0, log_all, progress
+from common.metrics import EpochMeter
+from common.model import Net
+from common.results import RunRecorder
+from common.samplers import EvalSampler
+
+LESSON = "04_ddp_training"
+
+
+def train(args, model, device, train_loader, optimizer, epoch, steps):
+    model.train()
+    meter = EpochMeter(device)
+    batches = itertools.islice(train_loader, steps * args.grad_accum)
+    for i, (data, target) in enumerate(progress(batches, f"epoch {epoch}", steps * args.grad_accum)):
+        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        sync_now = (i + 1) % args.grad_accum == 0
+        # no_sync(): accumulate local gradients and skip the all_reduce until the last micro-batch.
+        with nullcontext() if sync_now else model.no_sync():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+                output = model(data)
+            loss = F.nll_loss(output.float(), target)
+            (loss / args.grad_accum).backward()  # DDP all_reduces (averages) gradients here when syncing
+        if sync_now:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so epochs average correctly
+    return meter.reduce()
+
+
+@torch.no_grad()
+def test(args, model, device, test_loader):
+    model.eval()
+    meter = EpochMeter(device)
+    for data, target in test_loader:
+        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            output = model(data)
+        loss_sum = F.nll_loss(output.float(), target, reduction="sum")
+        meter.update(loss_sum, (output.argmax(dim=1) == target).sum(), len(data))
+    return meter.reduce()
+
+
+def main(argv=None):
+    parser = base_parser(LESSON, "Lesson 04: MNIST with DistributedDataParallel (torchrun or srun)")
+    parser.add_argument("--grad-accum", type=positive_int, default=1,
+                        help="micro-batches per optimizer step; the all_reduce runs once per step (default: 1)")
+    parser.add_argument("--sync-bn", action="store_true",
+                        help="add BatchNorm and synchronise its statistics across GPUs (GPU only)")
+    args = parse(parser, argv)
+
+    ctx = setup(device=args.device)  # reads RANK/LOCAL_RANK/WORLD_SIZE (torchrun or srun), inits the group
+    device = ctx.device  # cuda:LOCAL_RANK: the GPU is chosen by the rank WITHIN the node
+    master_process = ctx.rank == 0  # rank 0 downloads, logs and saves for everyone
+    ddp_world_size = ctx.world_size
+    torch.manual_seed(args.seed)  # same seed everywhere: every replica starts from the same weights
+    log_all(f"host {socket.gethostname()} rank {ctx.rank}/{ddp_world_size} local_rank {ctx.local_rank} "
+            f"device {device} backend {ctx.backend}")
+    if args.sync_bn and device.type != "cuda":
+        raise CourseError("--sync-bn needs GPUs (SyncBatchNorm only works with CUDA modules): drop it on CPU")
+
+    train_ds, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
+                                   is_main=master_process, barrier=ctx.barrier)
+    # Shard by GLOBAL rank: with local rank, every node would train on the same shard.
+    train_sampler = DistributedSampler(train_ds, num_replicas=ddp_world_size, rank=ctx.rank,
+                                       shuffle=True, seed=args.seed)
+    test_sampler = EvalSampler(test_ds, num_replicas=ddp_world_size, rank=ctx.rank)  # no padded duplicates
+    train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=train_sampler,
+                              **loader_kwargs(device, args.num_workers))
+    test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, sampler=test_sampler,
+                             **loader_kwargs(device, args.num_workers))
+    steps = min(len(train_loader) // args.grad_accum, args.max_steps or len(train_loader))
+    if steps == 0:
+        raise CourseError(f"--grad-accum {args.grad_accum} needs more batches than this rank's "
+                          f"{len(train_loader)}: lower it or use more --train-samples")
+    log0(f"lesson 04: {ddp_world_size} processes, {args.batch_size} images each per micro-batch, "
+         f"effective batch {args.batch_size * args.grad_accum * ddp_world_size}")
+
+    model = Net(batch_norm=args.sync_bn).to(device)
+    if args.sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over ALL ranks
+    # DDP broadcasts rank 0's weights at construction, then all_reduces gradients in backward.
+    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
+    scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
+    start_epoch = 1
+    if args.resume:
+        start_epoch = load_checkpoint(args.resume, model, optimizer, scheduler, map_location=device)["epoch"] + 1
+
+    recorder = RunRecorder(args.output_dir, LESSON, ctx, args)
+    for epoch in range(start_epoch, args.epochs + 1):
+        train_sampler.set_epoch(epoch)  # a new shuffle each epoch, identical on every rank
+        train_stats = train(args, model, device, train_loader, optimizer, epoch, steps)
+        test_stats = test(args, model, device, test_loader)
+        scheduler.step()
+        recorder.add_epoch(epoch, train_stats, test_stats)
+        # Replicas are identical: rank 0 writes, the other ranks wait at a barrier inside.
+        save_checkpoint(Path(args.output_dir) / "checkpoint.pt", model, optimizer, scheduler,
+                        epoch=epoch, step=epoch * steps, args=args, lesson=LESSON)
+    cleanup()
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,119 @@
+"""Lesson 05: FSDP2 (fully_shard): each process keeps only a 1/N shard of weights, grads and optimizer state.
+
+Before a layer runs, its full weights are all-gathered; after backward, gradients are
+reduce-scattered so each rank updates only its shard. Memory per GPU falls as ranks grow:
+    torchrun --standalone --nproc_per_node=2 mnist_fsdpmodel.py --epochs 1 --data synthetic --width 4
+"""
+import itertools
+import socket
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import torch.optim as optim
+from torch.optim.lr_scheduler import StepLR
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils.data import DataLoader, DistributedSampler
+
+from common.cli import base_parser, parse, positive_int, run
+from common.dcp_checkpoint import export_full, load_sharded, save_sharded
+from common.data import load_mnist, loader_kwargs
+from common.distributed import cleanup, setup
+from common.log import log0, log_all, progress
+from common.metrics import EpochMeter
+from common.model import Net, count_parameters
+from common.results import RunRecorder
+from common.samplers import EvalSampler
+
+LESSON = "05_multigpu_fsdp_training"
+
+
+def train(args, model, device, train_loader, optimizer, epoch, steps):
+    model.train()
+    meter = EpochMeter(device)
+    for data, target in progress(itertools.islice(train_loader, steps), f"epoch {epoch}", steps):
+        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            output = model(data)  # each layer all-gathers its weights, runs, frees them again
+        loss = F.nll_loss(output.float(), target)
+        loss.backward()  # gradients are reduce-scattered: each rank keeps the mean of its shard
+        optimizer.step()  # updates only this rank's shard of weights and optimizer state
+        meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so epochs average correctly
+    return meter.reduce()
+
+
+@torch.no_grad()
+def test(args, model, device, test_loader):
+    model.eval()
+    meter = EpochMeter(device)
+    for data, target in test_loader:
+        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            output = model(data)
+        loss_sum = F.nll_loss(output.float(), target, reduction="sum")
+        meter.update(loss_sum, (output.argmax(dim=1) == target).sum(), len(data))
+    return meter.reduce()
+
+
+def main(argv=None):
+    parser = base_parser(LESSON, "Lesson 05: MNIST with FSDP2 (fully_shard) and sharded DCP checkpoints")
+    parser.add_argument("--width", type=positive_int, default=1,
+                        help="multiply the CNN's hidden sizes; parameters grow ~width^2 (1: 1.2 M, 10: 120 M) (default: 1)")
+    args = parse(parser, argv)
+
+    ctx = setup(use_distributed="on", device=args.device)  # FSDP needs a process group, even of one
+    device = ctx.device  # cuda:LOCAL_RANK: the GPU is chosen by the rank WITHIN the node
+    master_process = ctx.rank == 0  # rank 0 downloads, logs and saves for everyone
+    fsdp_world_size = ctx.world_size
+    torch.manual_seed(args.seed)  # same seed everywhere: every replica starts from the same weights
+    log_all(f"host {socket.gethostname()} rank {ctx.rank}/{fsdp_world_size} local_rank {ctx.local_rank} "
+            f"device {device} backend {ctx.backend}")
+
+    train_ds, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
+                                   is_main=master_process, barrier=ctx.barrier)
+    # Shard by GLOBAL rank: with local rank, every node would train on the same shard.
+    train_sampler = DistributedSampler(train_ds, num_replicas=fsdp_world_size, rank=ctx.rank,
+                                       shuffle=True, seed=args.seed)
+    test_sampler = EvalSampler(test_ds, num_replicas=fsdp_world_size, rank=ctx.rank)  # no padded duplicates
+    train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=train_sampler,
+                              **loader_kwargs(device, args.num_workers))
+    test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, sampler=test_sampler,
+                             **loader_kwargs(device, args.num_workers))
+    steps = min(len(train_loader), args.max_steps or len(train_loader))
+
+    model = Net(width=args.width).to(device)
+    mesh = init_device_mesh(device.type, (fsdp_world_size,))  # 1-D mesh: shard over all ranks
+    # bf16 weights in forward/backward on GPUs, fp32 gradient reduction and fp32 master weights.
+    mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if device.type == "cuda" else MixedPrecisionPolicy()
+    for layer in (model.conv1, model.conv2, model.fc1, model.fc2):
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)  # one all-gather unit per layer
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)  # the root: whatever is left over
+    log0(f"lesson 05: {fsdp_world_size} processes, {count_parameters(model) / 1e6:.1f} M parameters, "
+         f"each rank stores ~1/{fsdp_world_size} of them")
+    optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
+    scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
+    start_epoch = 1
+    if args.resume:
+        start_epoch = load_sharded(args.resume, model, optimizer, scheduler, lesson=LESSON)["epoch"] + 1
+
+    recorder = RunRecorder(args.output_dir, LESSON, ctx, args)
+    for epoch in range(start_epoch, args.epochs + 1):
+        train_sampler.set_epoch(epoch)  # a new shuffle each epoch, identical on every rank
+        train_stats = train(args, model, device, train_loader, optimizer, epoch, steps)
+        test_stats = test(args, model, device, test_loader)
+        scheduler.step()
+        recorder.add_epoch(epoch, train_stats, test_stats)
+        # No rank has the whole model: every rank writes its own shards (DCP), in parallel.
+        save_sharded(Path(args.output_dir) / "checkpoint", model, optimizer, scheduler,
+                     epoch=epoch, step=epoch * steps, args=args, lesson=LESSON)
+    # One plain file for inference: the full weights gathered onto rank 0 (loads into a plain Net).
+    export_full(Path(args.output_dir) / "model_full.pt", model, epoch=args.epochs, step=args.epochs * steps,
+                args=args, lesson=LESSON)
+    cleanup()
+
+
+if __name__ == "__main__":
+    run(main)
