@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test demo clean
+.PHONY: setup test test-slurm demo clean
 
 setup: $(STAMP)
 
@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 
 test: setup
 	$(PY) -m pytest tests
+
+# A real two-node Slurm cluster on this machine (needs root; apt-installs slurm and munge if missing).
+test-slurm: setup
+	REQUIRE_SLURM=1 $(PY) -m pytest tests/test_slurm_cluster.py -v
 
 demo: setup
 	@echo "make demo will run lesson 04 (DDP, 2 gloo processes on CPU) once the lessons land."

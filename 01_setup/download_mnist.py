@@ -1,0 +1,30 @@
+"""Lesson 01: fetch MNIST once, on a LOGIN node (compute nodes often have no internet).
+
+    python download_mnist.py --data-dir $WORKSHOP_DATA_DIR      # real MNIST (about 55 MB unpacked)
+    python download_mnist.py --synthetic                        # offline: synthetic digits in MNIST format
+Running it again is quick: files that are already there are kept.
+"""
+import argparse
+import sys
+
+from common.cli import run
+from common.data import dataset_root, default_data_dir, prepare_data, raw_folder
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Download MNIST (or write the synthetic set) into --data-dir")
+    parser.add_argument("--data-dir", default=default_data_dir(),
+                        help="where MNIST/raw goes (default: $WORKSHOP_DATA_DIR or ./data)")
+    parser.add_argument("--synthetic", action="store_true", help="write synthetic MNIST files instead (no internet)")
+    args = parser.parse_args(argv)
+    kind = "synthetic" if args.synthetic else "mnist"
+    prepare_data(args.data_dir, kind)
+    print(f"{kind} ready in {raw_folder(dataset_root(args.data_dir, kind))}")
+    if not args.synthetic:
+        print("train with: --data mnist --data-dir", args.data_dir)
+    else:
+        print("train with: --data synthetic --data-dir", args.data_dir)
+
+
+if __name__ == "__main__":
+    run(main, sys.argv[1:])

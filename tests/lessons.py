@@ -1,0 +1,35 @@
+"""Run lesson scripts the way a learner does (python or torchrun) and read what they leave behind."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = {
+    "01": ROOT / "01_setup" / "hello_distributed.py",
+    "02": ROOT / "02_singlegpu_training" / "mnist_singlegpu.py",
+    "03": ROOT / "03_dp_training" / "mnist_dpmodel.py",
+    "04": ROOT / "04_ddp_training" / "mnist_ddpmodel.py",
+    "05": ROOT / "05_multigpu_fsdp_training" / "mnist_fsdpmodel.py",
+}
+
+
+def run_script(lesson: str, *args, nproc: int | None = None, timeout: int = 300, env=None, cwd=None):
+    """python SCRIPT ARGS, or torchrun --standalone --nproc_per_node=N SCRIPT ARGS when nproc is given."""
+    launcher = [sys.executable] if nproc is None else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(launcher + [str(SCRIPTS[lesson]), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd or ROOT)
+
+
+def metrics(output_dir) -> dict:
+    return json.loads((Path(output_dir) / "metrics.json").read_text())
+
+
+def assert_clean(proc) -> None:
+    """Exit 0 and no Python warning anywhere in the output."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "Warning" not in out, out[-3000:]

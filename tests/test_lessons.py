@@ -1,0 +1,115 @@
+"""Every lesson script, run for real on CPU with gloo, on the synthetic MNIST files."""
+import re
+
+import pytest
+
+from common.checkpoint import load_checkpoint
+from common.model import Net
+from lessons import assert_clean, metrics, run_script
+
+FIELDS = {"lesson", "world_size", "backend", "device", "torch_version", "args", "epochs", "peak_memory_bytes"}
+EPOCH_FIELDS = {"epoch", "train_loss", "test_loss", "test_accuracy", "test_samples", "epoch_seconds",
+                "train_images_per_second"}
+
+
+@pytest.fixture(scope="module")
+def small(synthetic_dir):
+    """Flags for a small, quick run on the shared synthetic data."""
+    return ["--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", "0"]
+
+
+def check_metrics(out_dir, lesson, world_size, test_samples, min_accuracy=0.2):
+    m = metrics(out_dir)
+    assert FIELDS <= m.keys() and m["lesson"] == lesson and m["world_size"] == world_size
+    assert m["device"] == "cpu" and m["peak_memory_bytes"] is None
+    for row in m["epochs"]:
+        assert EPOCH_FIELDS <= row.keys()
+        assert row["test_samples"] == test_samples  # every test example counted exactly once
+        assert row["train_images_per_second"] > 0
+    assert m["epochs"][-1]["test_accuracy"] > min_accuracy  # above chance (0.1) after training
+    assert (out_dir / "curves.png").stat().st_size > 1000
+    return m
+
+
+def test_hello_distributed_under_torchrun():
+    proc = run_script("01", nproc=3)
+    assert_clean(proc)
+    assert "OK: all_reduce, broadcast, all_gather and barrier verified on 3 rank(s)" in proc.stdout
+    assert sorted(re.findall(r"rank \d of 3", proc.stdout)) == ["rank 0 of 3", "rank 1 of 3", "rank 2 of 3"]
+
+
+def test_02_single_process(small, tmp_path):
+    proc = run_script("02", *small, "--train-samples", 1000, "--test-samples", 333, "--epochs", 2,
+                      "--output-dir", tmp_path)
+    assert_clean(proc)
+    m = check_metrics(tmp_path, "02_singlegpu_training", 1, 333)
+    assert [r["epoch"] for r in m["epochs"]] == [1, 2] and m["backend"] is None
+    assert proc.stdout.count("epoch ") >= 2 and "test_accuracy" in proc.stdout
+    ckpt = load_checkpoint(tmp_path / "checkpoint.pt", Net())
+    assert ckpt["epoch"] == 2 and ckpt["optimizer"]["state"]
+
+
+def test_02_profile_says_where_time_goes(small, tmp_path):
+    proc = run_script("02", *small, "--train-samples", 640, "--profile", "--output-dir", tmp_path)
+    assert_clean(proc)
+    assert "waiting for the DataLoader" in proc.stdout and "aten::" in proc.stdout
+
+
+def test_03_dataparallel_on_cpu_says_it_does_nothing(small, tmp_path):
+    proc = run_script("03", *small, "--train-samples", 640, "--test-samples", 200, "--epochs", 1,
+                      "--output-dir", tmp_path)
+    assert_clean(proc)
+    assert "DataParallel needs 2+ GPUs and does nothing on cpu" in proc.stdout
+    check_metrics(tmp_path, "03_dp_training", 1, 200, min_accuracy=0.1)
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_04_ddp_under_torchrun(small, tmp_path, nproc):
+    proc = run_script("04", *small, "--train-samples", 1200, "--test-samples", 1001, "--epochs", 1,
+                      "--output-dir", tmp_path, nproc=nproc)
+    assert_clean(proc)
+    m = check_metrics(tmp_path, "04_ddp_training", nproc, 1001)
+    assert m["backend"] == "gloo"
+    assert all(f"rank {r}/{nproc}" in proc.stdout for r in range(nproc))
+    assert proc.stdout.count("epoch 1 |") == 1  # only rank 0 prints the epoch line
+
+
+def test_04_learns_to_over_90_percent_in_two_epochs(small, tmp_path):
+    proc = run_script("04", *small, "--train-samples", 4000, "--test-samples", 1000, "--epochs", 2,
+                      "--batch-size", 32, "--output-dir", tmp_path, nproc=2)
+    assert_clean(proc)
+    m = check_metrics(tmp_path, "04_ddp_training", 2, 1000)
+    assert m["epochs"][-1]["test_accuracy"] > 0.90, m["epochs"]
+
+
+def test_04_grad_accum_and_sync_bn_message(small, tmp_path):
+    proc = run_script("04", *small, "--train-samples", 640, "--test-samples", 100, "--epochs", 1,
+                      "--grad-accum", 2, "--output-dir", tmp_path, nproc=2)
+    assert_clean(proc)
+    assert "effective batch 256" in proc.stdout
+    proc = run_script("04", *small, "--sync-bn", "--dry-run", "--output-dir", tmp_path)
+    assert proc.returncode == 2
+    assert "error: --sync-bn needs GPUs" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_05_fsdp_under_torchrun(small, tmp_path, nproc):
+    proc = run_script("05", *small, "--train-samples", 1200, "--test-samples", 1001, "--epochs", 1,
+                      "--output-dir", tmp_path, nproc=nproc)
+    assert_clean(proc)
+    check_metrics(tmp_path, "05_multigpu_fsdp_training", nproc, 1001)
+    assert (tmp_path / "checkpoint" / ".metadata").is_file()
+    assert len(list((tmp_path / "checkpoint").glob("*.distcp"))) == nproc  # each rank wrote its shard
+    assert load_checkpoint(tmp_path / "model_full.pt", Net())["epoch"] == 1  # the export loads into a plain Net
+
+
+def test_05_checkpoint_saved_on_2_ranks_resumes_on_3(small, tmp_path):
+    first, second = tmp_path / "two", tmp_path / "three"
+    assert_clean(run_script("05", *small, "--train-samples", 900, "--test-samples", 300, "--epochs", 1,
+                            "--width", 2, "--output-dir", first, nproc=2))
+    proc = run_script("05", *small, "--train-samples", 900, "--test-samples", 300, "--epochs", 2, "--width", 2,
+                      "--resume", first / "checkpoint", "--output-dir", second, nproc=3)
+    assert_clean(proc)
+    m = metrics(second)
+    assert m["world_size"] == 3 and m["epochs"][-1]["epoch"] == 2
+    assert "epoch 1 |" not in proc.stdout  # epoch 1 came from the checkpoint
