@@ -15,46 +15,46 @@ from common.cli import run
 from common.distributed import cleanup, setup
 
 
-def check(name: str, ok: bool, failures: list) -> None:
-    if not ok:
-        failures.append(name)
-
-
 def main(argv=None):
     ctx = setup(use_distributed="on")  # a group even of one process, so every call below works
     rank, world_size, device = ctx.rank, ctx.world_size, ctx.device
     print(f"host {socket.gethostname()} | rank {rank} of {world_size} | local rank {ctx.local_rank} | "
           f"device {device} | backend {ctx.backend}", flush=True)
-    failures: list = []
+    result = {"rank": rank, "world_size": world_size, "host": socket.gethostname()}
 
     # all_reduce: every rank contributes rank+1; everyone ends with 1 + 2 + ... + W.
     t = torch.tensor([rank + 1.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    check("all_reduce", t.item() == world_size * (world_size + 1) / 2, failures)
+    result["all_reduce"] = t.item()
 
     # broadcast: rank 0's value overwrites everyone's (how DDP syncs the initial weights).
     t = torch.tensor([42.0 if rank == 0 else -1.0], device=device)
     dist.broadcast(t, src=0)
-    check("broadcast", t.item() == 42.0, failures)
+    result["broadcast"] = t.item()
 
     # all_gather: everyone receives every rank's tensor, in rank order.
     gathered = [torch.zeros(1, device=device) for _ in range(world_size)]
     dist.all_gather(gathered, torch.tensor([float(rank)], device=device))
-    check("all_gather", [g.item() for g in gathered] == list(range(world_size)), failures)
+    result["all_gather"] = [g.item() for g in gathered]
 
     # barrier: nobody passes until everyone has arrived.
     ctx.barrier()
 
-    # Each rank's verdict, then rank 0 learns whether anyone failed.
+    expected = {"all_reduce": world_size * (world_size + 1) / 2, "broadcast": 42.0,
+                "all_gather": [float(r) for r in range(world_size)]}
+    failures = [name for name, value in expected.items() if result[name] != value]
+    # Every rank's verdict is summed, so rank 0 knows whether anyone failed.
     bad = torch.tensor([float(len(failures))], device=device)
     dist.all_reduce(bad, op=dist.ReduceOp.SUM)
+    result["ok"] = bad.item() == 0
     if failures:
         print(f"rank {rank}: FAILED {', '.join(failures)}", flush=True)
-    if ctx.master_process and bad.item() == 0:
+    if ctx.master_process and result["ok"]:
         print(f"OK: all_reduce, broadcast, all_gather and barrier verified on {world_size} rank(s)", flush=True)
     cleanup()
-    if bad.item():
+    if not result["ok"]:
         sys.exit(1)
+    return result
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def main(argv=None):
     test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, **loader_kwargs(device, args.num_workers))
     steps = min(len(train_loader), args.max_steps or len(train_loader))
 
-    model = Net().to(device)
+    model = Net(width=args.width).to(device)
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
     scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
     start_epoch = 1
@@ -92,6 +92,7 @@ def main(argv=None):
         save_checkpoint(Path(args.output_dir) / "checkpoint.pt", model, optimizer, scheduler,
                         epoch=epoch, step=epoch * steps, args=args, lesson=LESSON)
     cleanup()
+    return recorder.record  # the numbers of metrics.json, e.g. for a notebook
 
 
 if __name__ == "__main__":

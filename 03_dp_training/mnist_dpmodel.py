@@ -69,7 +69,7 @@ def main(argv=None):
     test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, **loader_kwargs(device, args.num_workers))
     steps = min(len(train_loader), args.max_steps or len(train_loader))
 
-    model = Net().to(device)  # the master copy lives on GPU 0 (cuda:0)
+    model = Net(width=args.width).to(device)  # the master copy lives on GPU 0 (cuda:0)
     if n_gpus > 1:
         model = nn.DataParallel(model)  # --batch-size is split across the GPUs at every step
         log0(f"lesson 03: 1 process, nn.DataParallel over {n_gpus} GPUs, {args.batch_size // n_gpus} images per GPU")
@@ -90,6 +90,7 @@ def main(argv=None):
         save_checkpoint(Path(args.output_dir) / "checkpoint.pt", model, optimizer, scheduler,
                         epoch=epoch, step=epoch * steps, args=args, lesson=LESSON)
     cleanup()
+    return recorder.record  # the numbers of metrics.json, e.g. for a notebook
 
 
 if __name__ == "__main__":

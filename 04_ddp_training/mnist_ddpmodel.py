@@ -75,9 +75,9 @@ def main(argv=None):
     ctx = setup(device=args.device)  # reads RANK/LOCAL_RANK/WORLD_SIZE (torchrun or srun), inits the group
     device = ctx.device  # cuda:LOCAL_RANK: the GPU is chosen by the rank WITHIN the node
     master_process = ctx.rank == 0  # rank 0 downloads, logs and saves for everyone
-    ddp_world_size = ctx.world_size
+    world_size = ctx.world_size  # the number of processes in the job, on all nodes
     torch.manual_seed(args.seed)  # same seed everywhere: every replica starts from the same weights
-    log_all(f"host {socket.gethostname()} rank {ctx.rank}/{ddp_world_size} local_rank {ctx.local_rank} "
+    log_all(f"host {socket.gethostname()} rank {ctx.rank}/{world_size} local_rank {ctx.local_rank} "
             f"device {device} backend {ctx.backend}")
     if args.sync_bn and device.type != "cuda":
         raise CourseError("--sync-bn needs GPUs (SyncBatchNorm only works with CUDA modules): drop it on CPU")
@@ -85,9 +85,9 @@ def main(argv=None):
     train_ds, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
                                    is_main=master_process, barrier=ctx.barrier)
     # Shard by GLOBAL rank: with local rank, every node would train on the same shard.
-    train_sampler = DistributedSampler(train_ds, num_replicas=ddp_world_size, rank=ctx.rank,
+    train_sampler = DistributedSampler(train_ds, num_replicas=world_size, rank=ctx.rank,
                                        shuffle=True, seed=args.seed)
-    test_sampler = EvalSampler(test_ds, num_replicas=ddp_world_size, rank=ctx.rank)  # no padded duplicates
+    test_sampler = EvalSampler(test_ds, num_replicas=world_size, rank=ctx.rank)  # no padded duplicates
     train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=train_sampler,
                               **loader_kwargs(device, args.num_workers))
     test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, sampler=test_sampler,
@@ -96,10 +96,10 @@ def main(argv=None):
     if steps == 0:
         raise CourseError(f"--grad-accum {args.grad_accum} needs more batches than this rank's "
                           f"{len(train_loader)}: lower it or use more --train-samples")
-    log0(f"lesson 04: {ddp_world_size} processes, {args.batch_size} images each per micro-batch, "
-         f"effective batch {args.batch_size * args.grad_accum * ddp_world_size}")
+    log0(f"lesson 04: {world_size} processes, {args.batch_size} images each per micro-batch, "
+         f"effective batch {args.batch_size * args.grad_accum * world_size}")
 
-    model = Net(batch_norm=args.sync_bn).to(device)
+    model = Net(width=args.width, batch_norm=args.sync_bn).to(device)
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over ALL ranks
     # DDP broadcasts rank 0's weights at construction, then all_reduces gradients in backward.
@@ -121,6 +121,7 @@ def main(argv=None):
         save_checkpoint(Path(args.output_dir) / "checkpoint.pt", model, optimizer, scheduler,
                         epoch=epoch, step=epoch * steps, args=args, lesson=LESSON)
     cleanup()
+    return recorder.record  # the numbers of metrics.json, e.g. for a notebook
 
 
 if __name__ == "__main__":

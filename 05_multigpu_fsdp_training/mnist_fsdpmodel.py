@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common.cli import base_parser, parse, positive_int, run
+from common.cli import base_parser, parse, run
 from common.dcp_checkpoint import export_full, load_sharded, save_sharded
 from common.data import load_mnist, loader_kwargs
 from common.distributed import cleanup, setup
@@ -59,24 +59,22 @@ def test(args, model, device, test_loader):
 
 def main(argv=None):
     parser = base_parser(LESSON, "Lesson 05: MNIST with FSDP2 (fully_shard) and sharded DCP checkpoints")
-    parser.add_argument("--width", type=positive_int, default=1,
-                        help="multiply the CNN's hidden sizes; parameters grow ~width^2 (1: 1.2 M, 10: 120 M) (default: 1)")
     args = parse(parser, argv)
 
     ctx = setup(use_distributed="on", device=args.device)  # FSDP needs a process group, even of one
     device = ctx.device  # cuda:LOCAL_RANK: the GPU is chosen by the rank WITHIN the node
     master_process = ctx.rank == 0  # rank 0 downloads, logs and saves for everyone
-    fsdp_world_size = ctx.world_size
+    world_size = ctx.world_size  # the number of processes in the job, on all nodes
     torch.manual_seed(args.seed)  # same seed everywhere: every replica starts from the same weights
-    log_all(f"host {socket.gethostname()} rank {ctx.rank}/{fsdp_world_size} local_rank {ctx.local_rank} "
+    log_all(f"host {socket.gethostname()} rank {ctx.rank}/{world_size} local_rank {ctx.local_rank} "
             f"device {device} backend {ctx.backend}")
 
     train_ds, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
                                    is_main=master_process, barrier=ctx.barrier)
     # Shard by GLOBAL rank: with local rank, every node would train on the same shard.
-    train_sampler = DistributedSampler(train_ds, num_replicas=fsdp_world_size, rank=ctx.rank,
+    train_sampler = DistributedSampler(train_ds, num_replicas=world_size, rank=ctx.rank,
                                        shuffle=True, seed=args.seed)
-    test_sampler = EvalSampler(test_ds, num_replicas=fsdp_world_size, rank=ctx.rank)  # no padded duplicates
+    test_sampler = EvalSampler(test_ds, num_replicas=world_size, rank=ctx.rank)  # no padded duplicates
     train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=train_sampler,
                               **loader_kwargs(device, args.num_workers))
     test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, sampler=test_sampler,
@@ -84,15 +82,15 @@ def main(argv=None):
     steps = min(len(train_loader), args.max_steps or len(train_loader))
 
     model = Net(width=args.width).to(device)
-    mesh = init_device_mesh(device.type, (fsdp_world_size,))  # 1-D mesh: shard over all ranks
+    mesh = init_device_mesh(device.type, (world_size,))  # 1-D mesh: shard over all ranks
     # bf16 weights in forward/backward on GPUs, fp32 gradient reduction and fp32 master weights.
     mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if device.type == "cuda" else MixedPrecisionPolicy()
     for layer in (model.conv1, model.conv2, model.fc1, model.fc2):
         fully_shard(layer, mesh=mesh, mp_policy=mp_policy)  # one all-gather unit per layer
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)  # the root: whatever is left over
-    log0(f"lesson 05: {fsdp_world_size} processes, {count_parameters(model) / 1e6:.1f} M parameters, "
-         f"each rank stores ~1/{fsdp_world_size} of them")
+    log0(f"lesson 05: {world_size} processes, {count_parameters(model) / 1e6:.1f} M parameters, "
+         f"each rank stores ~1/{world_size} of them")
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
     scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
     start_epoch = 1
@@ -113,6 +111,7 @@ def main(argv=None):
     export_full(Path(args.output_dir) / "model_full.pt", model, epoch=args.epochs, step=args.epochs * steps,
                 args=args, lesson=LESSON)
     cleanup()
+    return recorder.record  # the numbers of metrics.json, e.g. for a notebook
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ def base_parser(lesson: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=os.path.join("runs", lesson), help=f"where metrics, plots and checkpoints go (default: runs/{lesson})")
     p.add_argument("--resume", default=None, help="checkpoint to resume from (default: start fresh)")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast for forward passes")
+    p.add_argument("--width", type=positive_int, default=1,
+                   help="multiply the CNN's hidden sizes; parameters grow ~width^2 (1: 1.2 M, 10: 120 M) (default: 1)")
     return p
 
 
