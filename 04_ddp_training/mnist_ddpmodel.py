@@ -72,7 +72,7 @@ def main(argv=None):
                         help="add BatchNorm and synchronise its statistics across GPUs (GPU only)")
     args = parse(parser, argv)
 
-    ctx = setup(device=args.device)  # reads RANK/LOCAL_RANK/WORLD_SIZE (torchrun or srun), inits the group
+    ctx = setup(use_distributed="on", device=args.device)  # reads RANK/WORLD_SIZE (torchrun or srun), inits the group
     device = ctx.device  # cuda:LOCAL_RANK: the GPU is chosen by the rank WITHIN the node
     master_process = ctx.rank == 0  # rank 0 downloads, logs and saves for everyone
     world_size = ctx.world_size  # the number of processes in the job, on all nodes

@@ -13,7 +13,7 @@ def profile_steps(device: torch.device, rows: int = 12):
     """Profile the enclosed steps, then print the top operators and the share spent waiting for data."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     start = time.perf_counter()
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, acc_events=True) as prof:
         yield
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -1,0 +1,215 @@
+"""MNIST for every lesson: find or fetch the raw files once, then load them with torchvision.
+
+`--data mnist` (default) uses the real data set under DATA_DIR/MNIST/raw/;
+`--data synthetic` writes a generated look-alike under DATA_DIR/synthetic/MNIST/raw/
+(see common/synthetic.py), so the two never mix. Missing real data is an error that names
+the fix; the course never falls back to synthetic data silently.
+"""
+import gc
+import gzip
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+import torchvision
+from torch.utils.data import Subset
+from torchvision import transforms
+
+from common.errors import CourseError
+from common.synthetic import write_synthetic_mnist
+
+MNIST_MEAN = 0.1307
+MNIST_STD = 0.3081
+KINDS = ("mnist", "synthetic")
+RAW_FILES = {  # file name -> IDX magic number
+    "train-images-idx3-ubyte": 2051,
+    "train-labels-idx1-ubyte": 2049,
+    "t10k-images-idx3-ubyte": 2051,
+    "t10k-labels-idx1-ubyte": 2049,
+}
+DOWNLOAD_TIMEOUT_S = 60
+
+
+def default_data_dir() -> str:
+    """$WORKSHOP_DATA_DIR if set, else ./data."""
+    return os.environ.get("WORKSHOP_DATA_DIR") or "./data"
+
+
+def dataset_root(data_dir, kind: str) -> Path:
+    """The torchvision root for `kind`: DATA_DIR for mnist, DATA_DIR/synthetic for synthetic."""
+    if kind == "mnist":
+        return Path(data_dir)
+    if kind == "synthetic":
+        return Path(data_dir) / "synthetic"
+    raise CourseError(f"unknown data kind {kind!r}: use --data mnist or --data synthetic")
+
+
+def raw_folder(root) -> Path:
+    return Path(root) / "MNIST" / "raw"
+
+
+def _idx_problem(path: Path) -> str | None:
+    """None if `path` is a complete IDX file of the expected kind, else what is wrong with it."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            header = f.read(16)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    magic = RAW_FILES[path.name]
+    dims = 3 if magic == 2051 else 1
+    if len(header) < 4 * (1 + dims) or struct.unpack(">I", header[:4])[0] != magic:
+        return "not an IDX file"
+    shape = struct.unpack(">" + "I" * dims, header[4:4 + 4 * dims])
+    expected = 4 * (1 + dims) + shape[0] * (784 if dims == 3 else 1)
+    return None if size == expected else f"truncated ({size} bytes, expected {expected})"
+
+
+def _missing_error(raw: Path, reason: str) -> CourseError:
+    return CourseError(
+        f"MNIST not found in {raw} ({_one_line(reason)}): run `python 01_setup/download_mnist.py "
+        f"--data-dir {raw.parent.parent}` on a login node with internet, or pass --data synthetic")
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _extract_gz(gz: Path, dest: Path) -> None:
+    """Decompress `gz` to `dest` atomically (temp file in the same folder + os.replace)."""
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out, gzip.open(gz, "rb") as src:
+            shutil.copyfileobj(src, out, 1 << 20)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; data dirs are often shared
+        os.replace(tmp, dest)
+    except (OSError, EOFError) as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise CourseError(f"could not extract {gz} ({_one_line(e)}): delete it and run again") from e
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _download(root: Path) -> str | None:
+    """Download through torchvision; None on success, else why not (one line).
+
+    $MNIST_MIRROR (a base URL) replaces torchvision's mirrors for this call only.
+    """
+    cls = torchvision.datasets.MNIST
+    saved_mirrors, saved_timeout = cls.mirrors, socket.getdefaulttimeout()
+    mirror = os.environ.get("MNIST_MIRROR")
+    if mirror:
+        cls.mirrors = [mirror if mirror.endswith("/") else mirror + "/"]
+    if saved_timeout is None:  # urllib waits forever by default; a dead network should fail, not hang
+        socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            try:
+                cls(str(root), train=False, download=True)
+                return None
+            except Exception as e:  # torchvision raises RuntimeError, URLError, OSError, ...
+                reason = f"download failed: {e if isinstance(e, RuntimeError) else f'{type(e).__name__}: {e}'}"
+            gc.collect()  # torchvision leaves failed HTTP responses open: finalise them here, quietly
+            return reason
+    finally:
+        cls.mirrors = saved_mirrors
+        socket.setdefaulttimeout(saved_timeout)
+
+
+def prepare_data(data_dir, kind: str = "mnist", download: bool = True, seed: int = 0) -> Path:
+    """Make the four uncompressed raw files exist and return the torchvision root.
+
+    mnist: nothing to do if they are there; else extract any .gz files found next to them;
+    else download (if `download`). synthetic: write them (a no-op if already written with `seed`).
+    Raises CourseError (one line naming the fix) if that is not possible.
+    """
+    root = dataset_root(data_dir, kind)
+    if kind == "synthetic":
+        write_synthetic_mnist(root, seed=seed)
+        return root
+    raw = raw_folder(root)
+    problems = {name: _idx_problem(raw / name) for name in RAW_FILES}
+    for name, problem in problems.items():
+        if problem is not None and (raw / f"{name}.gz").is_file():
+            _extract_gz(raw / f"{name}.gz", raw / name)
+            problems[name] = _idx_problem(raw / name)
+    bad = {name: p for name, p in problems.items() if p is not None}
+    if not bad:
+        return root
+    corrupt = {name: p for name, p in bad.items() if p != "missing"}
+    if corrupt:
+        name, problem = next(iter(corrupt.items()))
+        raise CourseError(f"{raw / name} is {problem}: delete it and run again")
+    if not download:
+        raise _missing_error(raw, f"{len(bad)} of 4 raw files missing, download disabled")
+    failure = _download(root)
+    if failure:
+        raise _missing_error(raw, failure)
+    bad = [name for name in RAW_FILES if _idx_problem(raw / name) is not None]
+    if bad:
+        raise _missing_error(raw, f"{bad[0]} is still missing or incomplete after the download")
+    return root
+
+
+def mnist_transform() -> transforms.Compose:
+    return transforms.Compose([transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))])
+
+
+def _first(ds, n, what: str):
+    if n is None:
+        return ds
+    if not 1 <= n <= len(ds):
+        raise CourseError(f"--{what} must be between 1 and {len(ds)}, got {n}")
+    return Subset(ds, range(n))
+
+
+def load_mnist(data_dir, kind: str = "mnist", train_samples=None, test_samples=None,
+               is_main: bool = True, barrier=None, download: bool = True, seed: int = 0):
+    """Return (train_ds, test_ds): the first `train_samples` / `test_samples` examples (all if None).
+
+    Only the main process prepares the files; `barrier` (a callable, e.g. dist.barrier) makes the
+    other ranks wait for it. Every process then opens the files with torchvision.
+    """
+    root = dataset_root(data_dir, kind)
+    failure = None
+    if is_main:
+        try:
+            prepare_data(data_dir, kind, download=download, seed=seed)
+        except Exception as e:
+            failure = e
+    # On failure main still reaches the barrier (so no rank hangs), then raises; the others find the files missing.
+    if barrier is not None:
+        barrier()
+    if failure is not None:
+        raise failure
+    raw = raw_folder(root)
+    missing = [name for name in RAW_FILES if not (raw / name).is_file()]
+    if missing and kind == "synthetic":
+        raise CourseError(f"synthetic data missing in {raw}: the main process could not write it (see its "
+                          f"error); the data dir must be writable and shared by all ranks")
+    if missing:
+        raise _missing_error(raw, f"{missing[0]} missing: the main process could not prepare it (see its "
+                                  f"error), or the data dir is not shared by all ranks")
+    tf = mnist_transform()
+    train = torchvision.datasets.MNIST(str(root), train=True, download=False, transform=tf)
+    test = torchvision.datasets.MNIST(str(root), train=False, download=False, transform=tf)
+    return _first(train, train_samples, "train-samples"), _first(test, test_samples, "test-samples")
+
+
+def loader_kwargs(device, num_workers: int) -> dict:
+    """DataLoader options: pinned memory only for CUDA, persistent workers only with workers."""
+    return {
+        "num_workers": num_workers,
+        "pin_memory": torch.device(device).type == "cuda",
+        "persistent_workers": num_workers > 0,
+    }
