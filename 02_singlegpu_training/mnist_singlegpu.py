@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 import torch.optim as optim
 from torch.optim.lr_scheduler import StepLR
-from torch.utils.data import DataLoader
+from torch.utils.data import RandomSampler, SequentialSampler
 
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.cli import base_parser, parse, run
-from common.data import load_mnist, loader_kwargs
+from common.data import load_mnist
 from common.distributed import cleanup, setup
+from common.loaders import make_loader
 from common.log import log0, progress
 from common.metrics import EpochMeter
 from common.model import Net
@@ -67,12 +68,16 @@ def main(argv=None):
     log0(f"lesson 02: 1 process on {device}")
 
     train_ds, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples)
-    train_loader = DataLoader(train_ds, batch_size=args.batch_size, shuffle=True,
-                              **loader_kwargs(device, args.num_workers))
-    test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, **loader_kwargs(device, args.num_workers))
+    train_sampler = RandomSampler(train_ds, generator=torch.Generator())  # reseeded every epoch below
+    test_sampler = SequentialSampler(test_ds)
+    train_loader = make_loader(train_ds, args.batch_size, train_sampler, device, args.num_workers, args.data_on_device)
+    test_loader = make_loader(test_ds, args.test_batch_size, test_sampler, device, args.num_workers,
+                              args.data_on_device)
     steps = min(len(train_loader), args.max_steps or len(train_loader))
 
     model = Net(width=args.width).to(device)
+    if args.compile:
+        model = torch.compile(model)  # fuses kernels; the first steps pay for compilation
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
     scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
     start_epoch = 1
@@ -81,6 +86,7 @@ def main(argv=None):
 
     recorder = RunRecorder(args.output_dir, LESSON, ctx, args)
     for epoch in range(start_epoch, args.epochs + 1):
+        train_sampler.generator.manual_seed(args.seed + epoch)  # a new, reproducible order each epoch
         if args.profile:
             with profile_steps(device):
                 train(args, model, device, train_loader, optimizer, epoch, steps)

@@ -15,13 +15,14 @@ import torch.nn.functional as F
 import torch.optim as optim
 from torch.optim.lr_scheduler import StepLR
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.cli import base_parser, parse, positive_int, run
-from common.data import load_mnist, loader_kwargs
+from common.data import load_mnist
 from common.distributed import cleanup, setup
 from common.errors import CourseError
+from common.loaders import make_loader
 from common.log import log0, log_all, progress
 from common.metrics import EpochMeter
 from common.model import Net
@@ -88,10 +89,9 @@ def main(argv=None):
     train_sampler = DistributedSampler(train_ds, num_replicas=world_size, rank=ctx.rank,
                                        shuffle=True, seed=args.seed)
     test_sampler = EvalSampler(test_ds, num_replicas=world_size, rank=ctx.rank)  # no padded duplicates
-    train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=train_sampler,
-                              **loader_kwargs(device, args.num_workers))
-    test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, sampler=test_sampler,
-                             **loader_kwargs(device, args.num_workers))
+    train_loader = make_loader(train_ds, args.batch_size, train_sampler, device, args.num_workers, args.data_on_device)
+    test_loader = make_loader(test_ds, args.test_batch_size, test_sampler, device, args.num_workers,
+                              args.data_on_device)
     steps = min(len(train_loader) // args.grad_accum, args.max_steps or len(train_loader))
     if steps == 0:
         raise CourseError(f"--grad-accum {args.grad_accum} needs more batches than this rank's "
@@ -104,6 +104,8 @@ def main(argv=None):
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over ALL ranks
     # DDP broadcasts rank 0's weights at construction, then all_reduces gradients in backward.
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if args.compile:
+        model = torch.compile(model)  # fuses kernels; the first steps pay for compilation
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
     scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
     start_epoch = 1

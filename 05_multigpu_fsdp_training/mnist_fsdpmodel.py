@@ -14,12 +14,13 @@ import torch.optim as optim
 from torch.optim.lr_scheduler import StepLR
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 from common.cli import base_parser, parse, run
 from common.dcp_checkpoint import export_full, load_sharded, save_sharded
-from common.data import load_mnist, loader_kwargs
+from common.data import load_mnist
 from common.distributed import cleanup, setup
+from common.loaders import make_loader
 from common.log import log0, log_all, progress
 from common.metrics import EpochMeter
 from common.model import Net, count_parameters
@@ -75,10 +76,9 @@ def main(argv=None):
     train_sampler = DistributedSampler(train_ds, num_replicas=world_size, rank=ctx.rank,
                                        shuffle=True, seed=args.seed)
     test_sampler = EvalSampler(test_ds, num_replicas=world_size, rank=ctx.rank)  # no padded duplicates
-    train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=train_sampler,
-                              **loader_kwargs(device, args.num_workers))
-    test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, sampler=test_sampler,
-                             **loader_kwargs(device, args.num_workers))
+    train_loader = make_loader(train_ds, args.batch_size, train_sampler, device, args.num_workers, args.data_on_device)
+    test_loader = make_loader(test_ds, args.test_batch_size, test_sampler, device, args.num_workers,
+                              args.data_on_device)
     steps = min(len(train_loader), args.max_steps or len(train_loader))
 
     model = Net(width=args.width).to(device)
@@ -89,6 +89,8 @@ def main(argv=None):
     for layer in (model.conv1, model.conv2, model.fc1, model.fc2):
         fully_shard(layer, mesh=mesh, mp_policy=mp_policy)  # one all-gather unit per layer
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)  # the root: whatever is left over
+    if args.compile:
+        model = torch.compile(model)  # fuses kernels; the first steps pay for compilation
     log0(f"lesson 05: {world_size} processes, {count_parameters(model) / 1e6:.1f} M parameters, "
          f"each rank stores ~1/{world_size} of them")
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)

@@ -10,12 +10,13 @@ from common.errors import CourseError
 
 
 def default_num_workers() -> int:
-    """DataLoader workers: the CPUs Slurm gave this task minus one for the training loop itself."""
-    if "SLURM_CPUS_PER_TASK" in os.environ:
-        cpus = int(os.environ["SLURM_CPUS_PER_TASK"])
-    else:
-        cpus = (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(0, min(8, cpus - 1))
+    """DataLoader workers per process: this process's share of the CPUs, minus one for the training loop.
+
+    Slurm's SLURM_CPUS_PER_TASK counts the CPUs of the whole task; torchrun splits a task into
+    LOCAL_WORLD_SIZE processes, which must share them.
+    """
+    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", os.cpu_count() or 1))
+    return max(0, min(8, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1))
 
 
 def positive_int(text: str) -> int:
@@ -47,6 +48,9 @@ def base_parser(lesson: str, description: str) -> argparse.ArgumentParser:
                    help="DataLoader worker processes (default: from SLURM_CPUS_PER_TASK, else the CPUs per process - 1)")
     p.add_argument("--output-dir", default=os.path.join("runs", lesson), help=f"where metrics, plots and checkpoints go (default: runs/{lesson})")
     p.add_argument("--resume", default=None, help="checkpoint to resume from (default: start fresh)")
+    p.add_argument("--data-on-device", action="store_true",
+                   help="hold the whole dataset as tensors on the device instead of a DataLoader (fast)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (first steps are slow)")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast for forward passes")
     p.add_argument("--width", type=positive_int, default=1,
                    help="multiply the CNN's hidden sizes; parameters grow ~width^2 (1: 1.2 M, 10: 120 M) (default: 1)")

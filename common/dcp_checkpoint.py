@@ -15,14 +15,14 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_state_dict, set_state_dict)
 
-from common.checkpoint import save_checkpoint
+from common.checkpoint import save_checkpoint, unwrap
 from common.cli import args_to_dict
 from common.distributed import barrier, is_main_process
 from common.errors import CourseError
 
 
 def _state(model, optimizer, scheduler, epoch: int, step: int, args, lesson: str) -> dict:
-    model_sd, optim_sd = get_state_dict(model, optimizer)  # DTensor shards, no communication
+    model_sd, optim_sd = get_state_dict(unwrap(model), optimizer)  # DTensor shards, no communication
     return {"model": model_sd, "optim": optim_sd,
             "meta": {"lesson": lesson, "epoch": epoch, "step": step, "args": args_to_dict(args),
                      "scheduler": scheduler.state_dict() if scheduler is not None else {}}}
@@ -60,7 +60,7 @@ def load_sharded(path, model, optimizer, scheduler=None, lesson: str = "") -> di
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise CourseError(f"{path} does not fit this model ({first}): "
                           "use the same --width as when it was saved") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(unwrap(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     meta = state["meta"]
     if meta["lesson"] != lesson:
         raise CourseError(f"{path} was written by {meta['lesson']!r}, not {lesson!r}")
@@ -71,6 +71,6 @@ def load_sharded(path, model, optimizer, scheduler=None, lesson: str = "") -> di
 
 def export_full(path, model, *, epoch: int, step: int, args=None, lesson: str = "") -> None:
     """Gather the full (unsharded) weights onto rank 0's CPU and save one .pt for inference."""
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = get_model_state_dict(unwrap(model), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     save_checkpoint(path, model, epoch=epoch, step=step, args=args, lesson=lesson,
                     model_state={k: v.to(torch.float32) for k, v in full.items()})

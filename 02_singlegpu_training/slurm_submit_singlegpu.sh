@@ -1,0 +1,78 @@
+#!/bin/bash
+# Lesson 02 on Slurm: the baseline, one process on one GPU.
+#
+#   cd <the course folder>; mkdir -p logs        # once: Slurm does not create logs/
+#   sbatch 02_singlegpu_training/slurm_submit_singlegpu.sh --epochs 3
+#   sbatch -A my_account -p my_partition 02_singlegpu_training/slurm_submit_singlegpu.sh
+#
+# Arguments after the script name go to mnist_singlegpu.py. Log: logs/mnist-1gpu-<jobid>.out.
+# Shape: 1 task, 1 GPU; no srun needed for one process. Help: slurm/README.md.
+#SBATCH --job-name=mnist-1gpu
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --gpus-per-node=1
+##SBATCH --gres=gpu:1              # sites that do not know --gpus-per-node: use this line instead
+#SBATCH --cpus-per-task=4          # DataLoader workers = this - 1 (the script reads SLURM_CPUS_PER_TASK)
+#SBATCH --time=00:30:00
+#SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
+# ================================ SITE SECTION ================================
+# The only part that differs between clusters. It is the same in every script of the course:
+# edit it once and copy it. Or leave it alone and set what you need when you submit, e.g.
+#     VENV=$HOME/envs/torch sbatch -A my_account -p gpu 04_ddp_training/slurm_submit_ddp.sh
+# Account and partition: #SBATCH lines cannot read variables, so either delete ONE '#' below
+# to switch a line on, or pass them to sbatch (-A/--account, -p/--partition) as above.
+##SBATCH --account=my_account
+##SBATCH --partition=my_gpu_partition
+set -euo pipefail  # the first command of the script: sbatch ignores #SBATCH lines below it
+COURSE_DIR=${COURSE_DIR:-}  # the course folder (holds common/); empty: searched upwards from where you ran sbatch
+MODULES=${MODULES:-}        # modules to load, e.g. "cuda/12.4 python/3.11" (`module avail`); empty: none
+CONDA_ENV=${CONDA_ENV:-}    # conda environment to activate (name or path); empty: none
+VENV=${VENV:-}              # virtualenv folder to activate; empty: $COURSE_DIR/.venv if it exists and no CONDA_ENV
+WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-}  # folder holding MNIST/raw; empty: $COURSE_DIR/data
+# Debugging and network settings, off by default; uncomment one when its situation arises:
+# export NCCL_DEBUG=INFO                   # NCCL error or hang at start: each rank prints the GPUs, network and transport NCCL chose
+# export NCCL_DEBUG_SUBSYS=INIT,NET        # with NCCL_DEBUG=INFO, when its output is too long: only the init and network lines
+# export NCCL_SOCKET_IFNAME=ib0            # multi-node hang at init: the interface the nodes reach each other on (`ip -br addr`)
+# export GLOO_SOCKET_IFNAME=ib0            # the same for gloo (CPU runs); never lo when there is more than one node
+# export NCCL_IB_DISABLE=1                 # InfiniBand errors, or no working IB: use TCP sockets (slower; tells IB from the rest)
+# export TORCH_DISTRIBUTED_DEBUG=DETAIL    # ranks calling different collectives (hang, shape error): checks every call (slow)
+# export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 # a rank died and the rest hang until timeout: abort them all (default in PyTorch >= 2.2)
+# export DIST_TIMEOUT_SECONDS=120          # this course's process-group timeout (default 600 s): fail sooner while debugging
+# ============================== END OF SITE SECTION =============================
+
+# ---- Nothing below needs editing. -------------------------------------------------------------
+[ -n "${SLURM_JOB_ID:-}" ] || { echo "error: not inside a Slurm job: submit it with sbatch $0 ..." >&2; exit 1; }
+# The course folder. sbatch runs a COPY of this script from a spool folder, so the script's own
+# path ($0) says nothing: start where sbatch was run (SLURM_SUBMIT_DIR) and go up to common/.
+if [ -z "$COURSE_DIR" ]; then
+    COURSE_DIR=${SLURM_SUBMIT_DIR:-$PWD}
+    while [ "$COURSE_DIR" != / ] && [ ! -f "$COURSE_DIR/common/distributed.py" ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
+fi
+if [ ! -f "$COURSE_DIR/common/distributed.py" ]; then
+    echo "error: no course folder (one holding common/) at or above ${SLURM_SUBMIT_DIR:-$PWD}:" \
+         "run sbatch from inside the course, or set COURSE_DIR=/path/to/the/course" >&2
+    exit 1
+fi
+export PYTHONPATH=$COURSE_DIR${PYTHONPATH:+:$PYTHONPATH}  # `import common` works without pip install -e
+export WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-$COURSE_DIR/data}
+export PYTHONUNBUFFERED=1  # lines reach the log when printed, not when a buffer fills
+set +u  # module and activate scripts often read unset variables
+if [ -n "$MODULES" ]; then
+    command -v module >/dev/null || { echo "error: MODULES is set but this shell has no 'module' command" \
+        "(source your site's modules init script here, or use #!/bin/bash -l)" >&2; exit 1; }
+    module load $MODULES
+fi
+if [ -n "$CONDA_ENV" ]; then eval "$(conda shell.bash hook)"; conda activate "$CONDA_ENV"; fi
+if [ -n "$VENV" ]; then
+    [ -f "$VENV/bin/activate" ] || { echo "error: VENV=$VENV is not a virtualenv (no bin/activate)" >&2; exit 1; }
+    source "$VENV/bin/activate"
+elif [ -z "$CONDA_ENV" ] && [ -f "$COURSE_DIR/.venv/bin/activate" ]; then source "$COURSE_DIR/.venv/bin/activate"; fi
+set -u
+
+export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+
+echo "== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_NNODES node(s): $SLURM_JOB_NODELIST"
+echo "== 1 process | GPUs ${SLURM_GPUS_ON_NODE:-0} (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-none}) | CPUs ${SLURM_CPUS_PER_TASK:-1}"
+echo "== python $(command -v python) | course $COURSE_DIR | data $WORKSHOP_DATA_DIR"
+
+python "$COURSE_DIR/02_singlegpu_training/mnist_singlegpu.py" "$@"

@@ -1,0 +1,90 @@
+#!/bin/bash
+# Lesson 04 on Slurm, one node: DistributedDataParallel, torchrun starts one process per GPU.
+#
+#   cd <the course folder>; mkdir -p logs        # once: Slurm does not create logs/
+#   sbatch 04_ddp_training/slurm_submit_ddp.sh --epochs 3
+#   sbatch -A my_account -p my_partition 04_ddp_training/slurm_submit_ddp.sh
+#
+# Arguments after the script name go to mnist_ddpmodel.py. Log: logs/ddp-<jobid>.out.
+# Shape: 1 node, 1 task: torchrun, which starts one process per GPU (--nproc_per_node is read
+# from the GPUs Slurm gave). More GPUs: change --gpus-per-node (and --cpus-per-task) only.
+# More nodes: see slurm_submit_ddp_multinode.sh. Help and troubleshooting: slurm/README.md.
+#SBATCH --job-name=ddp
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1        # ONE task: torchrun, which starts the per-GPU processes itself
+#SBATCH --gpus-per-node=2          # GPUs to use; torchrun starts one process per GPU
+##SBATCH --gres=gpu:2              # sites that do not know --gpus-per-node: use this line instead
+#SBATCH --cpus-per-task=8          # CPUs for ALL processes of the node, split between them below
+#SBATCH --time=00:30:00
+#SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
+# ================================ SITE SECTION ================================
+# The only part that differs between clusters. It is the same in every script of the course:
+# edit it once and copy it. Or leave it alone and set what you need when you submit, e.g.
+#     VENV=$HOME/envs/torch sbatch -A my_account -p gpu 04_ddp_training/slurm_submit_ddp.sh
+# Account and partition: #SBATCH lines cannot read variables, so either delete ONE '#' below
+# to switch a line on, or pass them to sbatch (-A/--account, -p/--partition) as above.
+##SBATCH --account=my_account
+##SBATCH --partition=my_gpu_partition
+set -euo pipefail  # the first command of the script: sbatch ignores #SBATCH lines below it
+COURSE_DIR=${COURSE_DIR:-}  # the course folder (holds common/); empty: searched upwards from where you ran sbatch
+MODULES=${MODULES:-}        # modules to load, e.g. "cuda/12.4 python/3.11" (`module avail`); empty: none
+CONDA_ENV=${CONDA_ENV:-}    # conda environment to activate (name or path); empty: none
+VENV=${VENV:-}              # virtualenv folder to activate; empty: $COURSE_DIR/.venv if it exists and no CONDA_ENV
+WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-}  # folder holding MNIST/raw; empty: $COURSE_DIR/data
+# Debugging and network settings, off by default; uncomment one when its situation arises:
+# export NCCL_DEBUG=INFO                   # NCCL error or hang at start: each rank prints the GPUs, network and transport NCCL chose
+# export NCCL_DEBUG_SUBSYS=INIT,NET        # with NCCL_DEBUG=INFO, when its output is too long: only the init and network lines
+# export NCCL_SOCKET_IFNAME=ib0            # multi-node hang at init: the interface the nodes reach each other on (`ip -br addr`)
+# export GLOO_SOCKET_IFNAME=ib0            # the same for gloo (CPU runs); never lo when there is more than one node
+# export NCCL_IB_DISABLE=1                 # InfiniBand errors, or no working IB: use TCP sockets (slower; tells IB from the rest)
+# export TORCH_DISTRIBUTED_DEBUG=DETAIL    # ranks calling different collectives (hang, shape error): checks every call (slow)
+# export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 # a rank died and the rest hang until timeout: abort them all (default in PyTorch >= 2.2)
+# export DIST_TIMEOUT_SECONDS=120          # this course's process-group timeout (default 600 s): fail sooner while debugging
+# ============================== END OF SITE SECTION =============================
+
+# ---- Nothing below needs editing. -------------------------------------------------------------
+[ -n "${SLURM_JOB_ID:-}" ] || { echo "error: not inside a Slurm job: submit it with sbatch $0 ..." >&2; exit 1; }
+# The course folder. sbatch runs a COPY of this script from a spool folder, so the script's own
+# path ($0) says nothing: start where sbatch was run (SLURM_SUBMIT_DIR) and go up to common/.
+if [ -z "$COURSE_DIR" ]; then
+    COURSE_DIR=${SLURM_SUBMIT_DIR:-$PWD}
+    while [ "$COURSE_DIR" != / ] && [ ! -f "$COURSE_DIR/common/distributed.py" ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
+fi
+if [ ! -f "$COURSE_DIR/common/distributed.py" ]; then
+    echo "error: no course folder (one holding common/) at or above ${SLURM_SUBMIT_DIR:-$PWD}:" \
+         "run sbatch from inside the course, or set COURSE_DIR=/path/to/the/course" >&2
+    exit 1
+fi
+export PYTHONPATH=$COURSE_DIR${PYTHONPATH:+:$PYTHONPATH}  # `import common` works without pip install -e
+export WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-$COURSE_DIR/data}
+export PYTHONUNBUFFERED=1  # lines reach the log when printed, not when a buffer fills
+set +u  # module and activate scripts often read unset variables
+if [ -n "$MODULES" ]; then
+    command -v module >/dev/null || { echo "error: MODULES is set but this shell has no 'module' command" \
+        "(source your site's modules init script here, or use #!/bin/bash -l)" >&2; exit 1; }
+    module load $MODULES
+fi
+if [ -n "$CONDA_ENV" ]; then eval "$(conda shell.bash hook)"; conda activate "$CONDA_ENV"; fi
+if [ -n "$VENV" ]; then
+    [ -f "$VENV/bin/activate" ] || { echo "error: VENV=$VENV is not a virtualenv (no bin/activate)" >&2; exit 1; }
+    source "$VENV/bin/activate"
+elif [ -z "$CONDA_ENV" ] && [ -f "$COURSE_DIR/.venv/bin/activate" ]; then source "$COURSE_DIR/.venv/bin/activate"; fi
+set -u
+
+# ---- How many processes per node: one per GPU Slurm gave this node. ----
+# NPROC_PER_NODE overrides it, e.g. on a cluster without GPUs: NPROC_PER_NODE=2 sbatch ... --device cpu
+NPROC_PER_NODE=${NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-1}}}
+NPROC_PER_NODE=${NPROC_PER_NODE##*:}  # --gpus-per-node=a100:2 arrives as "a100:2"
+# The task's CPUs are shared by the node's processes: split them, or every process would start
+# as many threads and DataLoader workers as the whole task has CPUs.
+CPUS_PER_PROC=$(( ${SLURM_CPUS_PER_TASK:-1} / NPROC_PER_NODE )); (( CPUS_PER_PROC >= 1 )) || CPUS_PER_PROC=1
+export OMP_NUM_THREADS=$CPUS_PER_PROC
+NUM_WORKERS=$(( CPUS_PER_PROC - 1 )); (( NUM_WORKERS <= 8 )) || NUM_WORKERS=8  # a --num-workers of yours wins
+
+echo "== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_NNODES node(s): $SLURM_JOB_NODELIST"
+echo "== 1 task (torchrun) | GPUs ${SLURM_GPUS_ON_NODE:-0} | processes $NPROC_PER_NODE | CPUs ${SLURM_CPUS_PER_TASK:-1}, per process $CPUS_PER_PROC (DataLoader workers $NUM_WORKERS)"
+echo "== rendezvous: localhost, a free port (torchrun --standalone)"
+echo "== python $(command -v python) | course $COURSE_DIR | data $WORKSHOP_DATA_DIR"
+
+torchrun --standalone --nproc_per_node="$NPROC_PER_NODE" \
+    "$COURSE_DIR/04_ddp_training/mnist_ddpmodel.py" --num-workers "$NUM_WORKERS" "$@"

@@ -1,0 +1,271 @@
+"""Every lesson's Slurm submit script, submitted UNCHANGED to the real two-node test cluster.
+
+The test varies only what a learner varies without editing a script:
+  sbatch options   --chdir=<tmp>: the job works there, so logs/%x-%j.out lands in a temporary
+                   folder (with logs/ made first), not in the repository; the submit folder stays
+                   the course (or a lesson folder), which is how the scripts find the course.
+                   --cpus-per-task=1 or 2: each test node has 2 CPUs; the scripts ask for GPU-node
+                   sized counts (4-8), which the test cluster could never schedule.
+  environment      NPROC_PER_NODE=2 for some torchrun jobs; the others derive 2 processes from the
+                   GPU GRES the test nodes declare (the "GPUs" are /dev/null: no CUDA, so gloo).
+  trailing args    --device cpu --data synthetic, a few steps, an output folder per job.
+All jobs are submitted at once, then each test waits for its own; the cluster runs them as its
+2 nodes x (2 CPUs, 2 GPUs) allow. A failed job shows its log and the Slurm daemon logs.
+"""
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = {  # name -> (script, launch style)
+    "setup": ("01_setup/slurm_submit_setup.sh", "srun"),
+    "single": ("02_singlegpu_training/slurm_submit_singlegpu.sh", "single"),
+    "dp": ("03_dp_training/slurm_submit_dp.sh", "single"),
+    "ddp": ("04_ddp_training/slurm_submit_ddp.sh", "torchrun"),
+    "ddp_multinode": ("04_ddp_training/slurm_submit_ddp_multinode.sh", "torchrun"),
+    "ddp_srun": ("04_ddp_training/slurm_submit_ddp_srun.sh", "srun"),
+    "fsdp": ("05_multigpu_fsdp_training/slurm_submit_fsdp.sh", "torchrun"),
+}
+DEADLINE_S = 300  # for all jobs together, from submission
+TEST_SAMPLES = {"single": 77, "dp": 77, "ddp": 77, "fsdp": 77, "ddp_multinode": 101, "ddp_srun": 101}
+# sbatch copies the submitting shell's environment into the job: the test's own shell must not
+# decide the outcome (site settings, or launcher variables left over from experiments).
+LEAKY = ("COURSE_DIR", "MODULES", "CONDA_ENV", "VENV", "WORKSHOP_DATA_DIR", "NPROC_PER_NODE",
+         "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+RANK_LINE = re.compile(r"^\[rank (\d+)\] host (\S+) rank (\d+)/(\d+) local_rank (\d+) device (\S+) backend (\S+)$", re.M)
+
+
+def text(name):
+    return (ROOT / SCRIPTS[name][0]).read_text()
+
+
+def directives(script_text):
+    """The #SBATCH options sbatch reads: those above the first command, as {option: value}."""
+    found = {}
+    for line in script_text.splitlines()[1:]:
+        if line.strip() and not line.startswith("#"):
+            break
+        if m := re.match(r"#SBATCH\s+(--[\w-]+)(?:=(\S+))?", line):
+            found[m.group(1)] = m.group(2)
+    return found
+
+
+def site_section(script_text):
+    lines = script_text.splitlines()
+    start = next(i for i, l in enumerate(lines) if re.fullmatch(r"# =+ SITE SECTION =+", l))
+    end = next(i for i, l in enumerate(lines) if re.fullmatch(r"# =+ END OF SITE SECTION =+", l))
+    return "\n".join(lines[start:end + 1])
+
+
+# ---- static checks: no cluster needed ----------------------------------------------------------
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_is_valid_bash_with_consistent_directives(name):
+    script, style = SCRIPTS[name]
+    path = ROOT / script
+    assert os.access(path, os.X_OK), f"{script} is not executable"
+    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    body = path.read_text()
+    d = directives(body)
+    assert d["--output"] == "logs/%x-%j.out" and "--job-name" in d and "--time" in d
+    assert "--account" not in d and "--partition" not in d  # site-neutral: commented out ...
+    assert "##SBATCH --account=" in body and "##SBATCH --partition=" in body  # ... but shown
+    assert "set -euo pipefail" in body and body.rstrip().endswith('"$@"')  # trailing args go to Python
+    gpus = int(d["--gpus-per-node"])
+    if style == "torchrun":  # one torchrun per node, as many processes as GPUs
+        assert d["--ntasks-per-node"] == "1" and 'nproc_per_node="$NPROC_PER_NODE"' in body
+    elif style == "srun":  # one task per GPU
+        assert int(d["--ntasks-per-node"]) == gpus
+    else:
+        assert d["--ntasks"] == "1"
+    for line in body.splitlines():
+        if re.match(r"\s*srun\b", line):
+            assert "--kill-on-bad-exit=1" in line, line
+
+
+def test_site_section_is_the_same_in_every_script():
+    sections = {name: site_section(text(name)) for name in SCRIPTS}
+    first = sections["setup"]
+    for var in ("COURSE_DIR", "MODULES", "CONDA_ENV", "VENV", "WORKSHOP_DATA_DIR"):
+        assert re.search(rf"^{var}=\${{{var}:-}}", first, re.M), var
+    for var in ("NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE",
+                "TORCH_DISTRIBUTED_DEBUG=DETAIL", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
+        assert f"# export {var}" in first, var
+    assert all(s == first for s in sections.values()), [n for n, s in sections.items() if s != first]
+
+
+def test_scripts_refuse_to_run_outside_a_job(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    done = subprocess.run(["bash", str(ROOT / SCRIPTS["ddp"][0])], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 1 and "submit it with sbatch" in done.stderr
+
+
+# ---- the real cluster ----------------------------------------------------------------------------
+@dataclass
+class Job:
+    name: str
+    id: int
+    workdir: Path  # --chdir: the job's logs/ is here
+    out_dir: Path  # --output-dir of the training script
+    deadline: float
+    state: str | None = field(default=None)
+
+
+def sbatch(cluster, script, args, cpus, env=None, submit_from=ROOT, workdir=None):
+    """sbatch the script as a learner would (cwd = submit folder); only the options named in the docstring."""
+    full_env = {k: v for k, v in cluster.env.items() if k not in LEAKY}
+    full_env.update(env or {})
+    cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--cpus-per-task={cpus}", str(ROOT / script), *map(str, args)]
+    done = subprocess.run(cmd, env=full_env, cwd=submit_from, capture_output=True, text=True)
+    assert done.returncode == 0, f"{' '.join(cmd)}: {done.stderr}"
+    return int(done.stdout.strip().split(";")[0])
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_cluster, synthetic_dir, tmp_path_factory):
+    """Submit every script at once (plus one without a logs/ folder); yield {name: Job}."""
+    plan = {  # name -> (cpus per task, environment, submit folder)
+        "setup": (1, {}, ROOT),
+        "single": (1, {}, ROOT / "02_singlegpu_training"),  # from a lesson folder: the course is found upwards
+        "dp": (2, {}, ROOT),
+        "ddp": (2, {}, ROOT),  # 2 processes from the 2 GPUs of the GRES, no NPROC_PER_NODE
+        "fsdp": (2, {"NPROC_PER_NODE": "2"}, ROOT),
+        "ddp_multinode": (2, {"NPROC_PER_NODE": "2"}, ROOT),
+        "ddp_srun": (1, {"VENV": str(ROOT / ".venv")}, ROOT),
+    }
+    submitted, deadline = {}, time.monotonic() + DEADLINE_S
+    for name, (cpus, env, submit_from) in plan.items():
+        workdir = tmp_path_factory.mktemp(f"job-{name}")
+        (workdir / "logs").mkdir()
+        out_dir = workdir / "out"
+        args = [] if name == "setup" else [
+            "--data", "synthetic", "--data-dir", synthetic_dir, "--train-samples", 512,
+            "--test-samples", TEST_SAMPLES[name], "--epochs", 1, "--max-steps", 3, "--device", "cpu",
+            "--num-workers", 0, "--output-dir", out_dir]
+        job_id = sbatch(slurm_cluster, SCRIPTS[name][0], args, cpus, env, submit_from, workdir)
+        submitted[name] = Job(name, job_id, workdir, out_dir, deadline)
+    no_logs = tmp_path_factory.mktemp("job-no-logs")  # no logs/ folder in it
+    submitted["no_logs"] = Job("no_logs", sbatch(slurm_cluster, SCRIPTS["setup"][0], [], 1, workdir=no_logs),
+                               no_logs, no_logs / "out", deadline)
+    yield submitted
+    for job in submitted.values():  # nothing of ours left running for the next module
+        if job.state is None:
+            subprocess.run(["scancel", str(job.id)], env=slurm_cluster.env, capture_output=True)
+
+
+def log_path(cluster, job):
+    return Path(cluster.job_info(job.id)["StdOut"])
+
+
+def wait(cluster, job):
+    """Final state of the job (COMPLETED, FAILED, ...); its log and the daemon logs if it hangs."""
+    try:
+        job.state = cluster.wait(job.id, timeout=max(5.0, job.deadline - time.monotonic()))
+    except TimeoutError as exc:
+        job.state = "TIMEOUT(test)"
+        pytest.fail(f"{job.name} job {job.id} did not finish in {DEADLINE_S} s\n{job_log(cluster, job)}\n{exc}")
+    return job.state
+
+
+def job_log(cluster, job):
+    path = log_path(cluster, job)
+    body = path.read_text(errors="replace") if path.exists() else "(no log file)"
+    return f"----- {path} -----\n{body}"
+
+
+def completed(cluster, job):
+    """Wait for the job, assert it COMPLETED and wrote its log where its #SBATCH --output says; return the log."""
+    state = wait(cluster, job)
+    info = cluster.job_info(job.id)
+    assert state == "COMPLETED", (f"{job.name} job {job.id} ended {state}, exit {info.get('ExitCode')}\n"
+                                  f"{job_log(cluster, job)}\n{cluster.daemon_logs()}")
+    path = log_path(cluster, job)
+    assert path == job.workdir / "logs" / f"{info['JobName']}-{job.id}.out"
+    log = path.read_text()
+    assert f"== job {job.id} ({info['JobName']})" in log and "Traceback" not in log, log
+    assert f"course {ROOT} |" in log, log
+    return log
+
+
+def check_metrics(job, world_size, test_samples, backend="gloo"):
+    m = json.loads((job.out_dir / "metrics.json").read_text())
+    assert m["world_size"] == world_size and m["backend"] == backend and m["device"] == "cpu"
+    assert [r["test_samples"] for r in m["epochs"]] == [test_samples]  # every test image counted once
+    assert m["args"]["max_steps"] == 3 and m["args"]["num_workers"] == 0  # trailing args reached Python, last wins
+    return m
+
+
+def rank_lines(log):
+    """[(rank, host, world, local_rank)] from lesson 04/05's per-rank lines."""
+    rows = [(int(r), host, int(w), int(lr)) for r, host, r2, w, lr, dev, be in RANK_LINE.findall(log)]
+    assert rows and all(dev == "cpu" and be == "gloo" for *_, dev, be in RANK_LINE.findall(log)), log
+    return sorted(rows)
+
+
+def test_01_setup_checks_env_then_collectives(slurm_cluster, jobs):
+    log = completed(slurm_cluster, jobs["setup"])
+    assert log.count("verdict: READY") == 1, log  # check_env.py once per node (1 node)
+    assert "OK: all_reduce, broadcast, all_gather and barrier verified on 2 rank(s)" in log, log
+    assert sorted(re.findall(r"rank \d of 2", log)) == ["rank 0 of 2", "rank 1 of 2"], log
+    assert f"rendezvous {slurm_cluster.job_info(jobs['setup'].id)['NodeList']}:{20000 + jobs['setup'].id % 20000}" in log
+
+
+def test_02_single_process_from_the_lesson_folder(slurm_cluster, jobs):
+    log = completed(slurm_cluster, jobs["single"])
+    assert "lesson 02: 1 process on cpu" in log and "epoch 1 |" in log, log
+    check_metrics(jobs["single"], 1, TEST_SAMPLES["single"], backend=None)
+
+
+def test_03_dataparallel_one_task(slurm_cluster, jobs):
+    log = completed(slurm_cluster, jobs["dp"])
+    assert "DataParallel needs 2+ GPUs and does nothing on cpu" in log, log
+    check_metrics(jobs["dp"], 1, TEST_SAMPLES["dp"], backend=None)
+
+
+def test_04_ddp_one_node_takes_processes_from_the_gpus(slurm_cluster, jobs):
+    log = completed(slurm_cluster, jobs["ddp"])
+    assert "GPUs 2 | processes 2" in log, log  # NPROC_PER_NODE not set: read from SLURM_GPUS_ON_NODE
+    rows = rank_lines(log)
+    assert [(r, w, lr) for r, _, w, lr in rows] == [(0, 2, 0), (1, 2, 1)], log
+    assert len({host for _, host, _, _ in rows}) == 1, log
+    check_metrics(jobs["ddp"], 2, TEST_SAMPLES["ddp"])
+
+
+@pytest.mark.parametrize("name", ["ddp_multinode", "ddp_srun"])
+def test_04_ddp_two_nodes_two_processes_each(slurm_cluster, jobs, name):
+    job = jobs[name]
+    log = completed(slurm_cluster, job)
+    assert f"rendezvous n1:{20000 + job.id % 20000}" in log, log
+    rows = rank_lines(log)
+    assert [r for r, *_ in rows] == [0, 1, 2, 3] and {w for _, _, w, _ in rows} == {4}, log
+    by_host = {}
+    for rank, host, _, local_rank in rows:
+        by_host.setdefault(host, []).append((rank, local_rank))
+    assert sorted(by_host) == ["n1", "n2"], log
+    for pairs in by_host.values():  # two processes per node, local ranks 0 and 1, consecutive global ranks
+        assert [lr for _, lr in pairs] == [0, 1] and pairs[1][0] == pairs[0][0] + 1, log
+    if name == "ddp_srun":  # Slurm's block distribution: tasks 0, 1 on the first node
+        assert by_host["n1"] == [(0, 0), (1, 1)], log
+    assert log.count("epoch 1 |") == 1, log  # only global rank 0 reports
+    check_metrics(job, 4, TEST_SAMPLES[name])
+
+
+def test_05_fsdp_one_node(slurm_cluster, jobs):
+    log = completed(slurm_cluster, jobs["fsdp"])
+    assert "lesson 05: 2 processes" in log, log
+    assert [(r, w, lr) for r, _, w, lr in rank_lines(log)] == [(0, 2, 0), (1, 2, 1)], log
+    check_metrics(jobs["fsdp"], 2, TEST_SAMPLES["fsdp"])
+    assert (jobs["fsdp"].out_dir / "model_full.pt").stat().st_size > 0
+
+
+def test_missing_logs_folder_fails_the_job_without_a_log(slurm_cluster, jobs):
+    """What slurm/README.md tells learners: Slurm does not create logs/, the job just fails."""
+    job = jobs["no_logs"]
+    assert wait(slurm_cluster, job) == "FAILED"
+    assert not (job.workdir / "logs").exists() and not log_path(slurm_cluster, job).exists()
