@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-slurm demo clean
+.PHONY: setup test test-slurm demo bench clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,10 @@ demo: setup
 	  04_ddp_training/mnist_ddpmodel.py --data $$data --data-dir data --epochs 2 \
 	  --train-samples 12000 --num-workers 0 --output-dir runs/demo
 	@echo "metrics: runs/demo/metrics.json, curves: runs/demo/curves.png"
+
+# GPU benchmark of every lesson on 1, 2 (4, 8) GPUs: docs/benchmarks.md and plots. CPU smoke mode: BENCH_ARGS=--quick
+bench: setup
+	$(PY) benchmarks/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info runs outputs .pytest_cache

@@ -56,7 +56,9 @@ def load_sharded(path, model, optimizer, scheduler=None, lesson: str = "") -> di
     state = _state(model, optimizer, scheduler, 0, 0, None, lesson)
     try:
         dcp.load(state, checkpoint_id=path)  # reads the pieces this rank needs, whatever the old world size
-    except Exception as exc:
+    except BaseException as exc:  # DCP's CheckpointException derives from BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise CourseError(f"{path} does not fit this model ({first}): "
                           "use the same --width as when it was saved") from None

@@ -172,6 +172,8 @@ def setup(use_distributed: str = "auto", device: str = "auto", backend: str | No
     dev = resolve_device(device, launch.local_rank, launch.local_world_size)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)  # before init, so NCCL and barrier() use this rank's GPU
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN time and pick its fastest convs
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for fp32 matmuls (Ampere and newer)
     want_group = use_distributed == "on" or (use_distributed == "auto" and launch.world_size > 1)
     if not want_group:
         _current = DistContext(launch, dev, None)

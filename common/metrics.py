@@ -44,8 +44,9 @@ class EpochMeter:
 
     def update(self, loss_sum: torch.Tensor, correct: torch.Tensor | int, count: int) -> None:
         """loss_sum: the SUM of per-example losses of a batch (not the mean)."""
-        self.loss_sum += loss_sum.detach().to(torch.float64)
-        self.correct += correct
+        self.loss_sum += loss_sum.detach()
+        if not isinstance(correct, int) or correct:  # training passes 0: skip a pointless GPU kernel
+            self.correct += correct
         self.count += count
 
     def reduce(self) -> dict:
