@@ -5,7 +5,6 @@ outputs and gradients are gathered back on GPU 0. Easy to add, slow to scale (se
     python mnist_dpmodel.py --epochs 1 --data synthetic
 """
 import itertools
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -14,7 +13,7 @@ import torch.optim as optim
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import RandomSampler, SequentialSampler
 
-from common.checkpoint import load_checkpoint, save_checkpoint
+from common.checkpointer import Checkpointer
 from common.cli import base_parser, parse, run
 from common.data import load_mnist
 from common.distributed import cleanup, setup
@@ -22,15 +21,19 @@ from common.loaders import make_loader
 from common.log import log0, progress
 from common.metrics import EpochMeter
 from common.model import Net
+from common.preemption import StopSignal
 from common.results import RunRecorder
 
 LESSON = "03_dp_training"
 
 
-def train(args, model, device, train_loader, optimizer, epoch, steps):
+def train(args, model, device, train_loader, optimizer, epoch, steps, first_step, stop):
     model.train()
     meter = EpochMeter(device)
-    for data, target in progress(itertools.islice(train_loader, steps), f"epoch {epoch}", steps):
+    batches = itertools.islice(train_loader, first_step, steps)  # a resumed epoch skips what it already did
+    for step, (data, target) in enumerate(progress(batches, f"epoch {epoch}", steps - first_step), first_step):
+        if stop.requested(step, device):  # every rank agrees, so none is left waiting in a collective
+            return None, step
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
@@ -39,7 +42,7 @@ def train(args, model, device, train_loader, optimizer, epoch, steps):
         loss.backward()
         optimizer.step()
         meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so epochs average correctly
-    return meter.reduce()
+    return meter.reduce(), steps
 
 
 @torch.no_grad()
@@ -82,19 +85,23 @@ def main(argv=None):
         log0(f"lesson 03: DataParallel needs 2+ GPUs and does nothing on {device}: running as one process")
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
     scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
-    start_epoch = 1
-    if args.resume:
-        start_epoch = load_checkpoint(args.resume, model, optimizer, scheduler, map_location=device)["epoch"] + 1
+    checkpointer = Checkpointer(args.output_dir, LESSON, keep=args.keep_checkpoints)  # rank 0 writes one file
+    start_epoch, first_step = checkpointer.resume(args.resume, model, optimizer, scheduler, device)
+    stop = StopSignal()  # Slurm's SIGUSR1 (time limit near) or SIGTERM (preemption) -> stop at a step boundary
 
-    recorder = RunRecorder(args.output_dir, LESSON, ctx, args)
+    recorder = RunRecorder(args.output_dir, LESSON, ctx, args, start_epoch)
     for epoch in range(start_epoch, args.epochs + 1):
         train_sampler.generator.manual_seed(args.seed + epoch)  # a new, reproducible order each epoch
-        train_stats = train(args, model, device, train_loader, optimizer, epoch, steps)
+        train_stats, done = train(args, model, device, train_loader, optimizer, epoch, steps, first_step, stop)
+        first_step = 0
+        if train_stats is None:  # a signal: save where we are and let Slurm restart us (--resume auto)
+            checkpointer.save(model, optimizer, scheduler, epoch=epoch - 1, epoch_step=done, args=args)
+            stop.requeue(epoch, done)
+            break
         test_stats = test(args, model, device, test_loader)
         scheduler.step()
         recorder.add_epoch(epoch, train_stats, test_stats)
-        save_checkpoint(Path(args.output_dir) / "checkpoint.pt", model, optimizer, scheduler,
-                        epoch=epoch, step=epoch * steps, args=args, lesson=LESSON)
+        checkpointer.save(model, optimizer, scheduler, epoch=epoch, args=args)
     cleanup()
     return recorder.record  # the numbers of metrics.json, e.g. for a notebook
 

@@ -7,7 +7,6 @@ the gradients during backward, so all replicas take the same optimizer step:
 import itertools
 import socket
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -17,7 +16,7 @@ from torch.optim.lr_scheduler import StepLR
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from common.checkpoint import load_checkpoint, save_checkpoint
+from common.checkpointer import Checkpointer
 from common.cli import base_parser, parse, positive_int, run
 from common.data import load_mnist
 from common.distributed import cleanup, setup
@@ -26,17 +25,21 @@ from common.loaders import make_loader
 from common.log import log0, log_all, progress
 from common.metrics import EpochMeter
 from common.model import Net
+from common.preemption import StopSignal
 from common.results import RunRecorder
 from common.samplers import EvalSampler
 
 LESSON = "04_ddp_training"
 
 
-def train(args, model, device, train_loader, optimizer, epoch, steps):
+def train(args, model, device, train_loader, optimizer, epoch, steps, first_step, stop):
     model.train()
     meter = EpochMeter(device)
-    batches = itertools.islice(train_loader, steps * args.grad_accum)
-    for i, (data, target) in enumerate(progress(batches, f"epoch {epoch}", steps * args.grad_accum)):
+    batches = itertools.islice(train_loader, first_step * args.grad_accum, steps * args.grad_accum)
+    total = (steps - first_step) * args.grad_accum  # a resumed epoch skips what it already did
+    for i, (data, target) in enumerate(progress(batches, f"epoch {epoch}", total), first_step * args.grad_accum):
+        if i % args.grad_accum == 0 and stop.requested(i // args.grad_accum, device):
+            return None, i // args.grad_accum  # every rank stops at the same optimizer step
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
         sync_now = (i + 1) % args.grad_accum == 0
         # no_sync(): accumulate local gradients and skip the all_reduce until the last micro-batch.
@@ -49,7 +52,7 @@ def train(args, model, device, train_loader, optimizer, epoch, steps):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so epochs average correctly
-    return meter.reduce()
+    return meter.reduce(), steps
 
 
 @torch.no_grad()
@@ -108,20 +111,24 @@ def main(argv=None):
         model = torch.compile(model)  # fuses kernels; the first steps pay for compilation
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
     scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
-    start_epoch = 1
-    if args.resume:
-        start_epoch = load_checkpoint(args.resume, model, optimizer, scheduler, map_location=device)["epoch"] + 1
+    # Replicas are identical, so rank 0 writes one file; the other ranks wait at a barrier inside.
+    checkpointer = Checkpointer(args.output_dir, LESSON, keep=args.keep_checkpoints)
+    start_epoch, first_step = checkpointer.resume(args.resume, model, optimizer, scheduler, device)
+    stop = StopSignal()  # Slurm's SIGUSR1 (time limit near) or SIGTERM (preemption) -> stop at a step boundary
 
-    recorder = RunRecorder(args.output_dir, LESSON, ctx, args)
+    recorder = RunRecorder(args.output_dir, LESSON, ctx, args, start_epoch)
     for epoch in range(start_epoch, args.epochs + 1):
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, identical on every rank
-        train_stats = train(args, model, device, train_loader, optimizer, epoch, steps)
+        train_stats, done = train(args, model, device, train_loader, optimizer, epoch, steps, first_step, stop)
+        first_step = 0
+        if train_stats is None:  # a signal: save where we are and let Slurm restart us (--resume auto)
+            checkpointer.save(model, optimizer, scheduler, epoch=epoch - 1, epoch_step=done, args=args)
+            stop.requeue(epoch, done)
+            break
         test_stats = test(args, model, device, test_loader)
         scheduler.step()
         recorder.add_epoch(epoch, train_stats, test_stats)
-        # Replicas are identical: rank 0 writes, the other ranks wait at a barrier inside.
-        save_checkpoint(Path(args.output_dir) / "checkpoint.pt", model, optimizer, scheduler,
-                        epoch=epoch, step=epoch * steps, args=args, lesson=LESSON)
+        checkpointer.save(model, optimizer, scheduler, epoch=epoch, args=args)
     cleanup()
     return recorder.record  # the numbers of metrics.json, e.g. for a notebook
 

@@ -16,24 +16,29 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.data import DistributedSampler
 
+from common.checkpointer import Checkpointer
 from common.cli import base_parser, parse, run
-from common.dcp_checkpoint import export_full, load_sharded, save_sharded
+from common.dcp_checkpoint import export_full
 from common.data import load_mnist
 from common.distributed import cleanup, setup
 from common.loaders import make_loader
 from common.log import log0, log_all, progress
 from common.metrics import EpochMeter
 from common.model import Net, count_parameters
+from common.preemption import StopSignal
 from common.results import RunRecorder
 from common.samplers import EvalSampler
 
 LESSON = "05_multigpu_fsdp_training"
 
 
-def train(args, model, device, train_loader, optimizer, epoch, steps):
+def train(args, model, device, train_loader, optimizer, epoch, steps, first_step, stop):
     model.train()
     meter = EpochMeter(device)
-    for data, target in progress(itertools.islice(train_loader, steps), f"epoch {epoch}", steps):
+    batches = itertools.islice(train_loader, first_step, steps)  # a resumed epoch skips what it already did
+    for step, (data, target) in enumerate(progress(batches, f"epoch {epoch}", steps - first_step), first_step):
+        if stop.requested(step, device):  # every rank agrees, so none is left waiting in a collective
+            return None, step
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
@@ -42,7 +47,7 @@ def train(args, model, device, train_loader, optimizer, epoch, steps):
         loss.backward()  # gradients are reduce-scattered: each rank keeps the mean of its shard
         optimizer.step()  # updates only this rank's shard of weights and optimizer state
         meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so epochs average correctly
-    return meter.reduce()
+    return meter.reduce(), steps
 
 
 @torch.no_grad()
@@ -95,20 +100,24 @@ def main(argv=None):
          f"each rank stores ~1/{world_size} of them")
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
     scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
-    start_epoch = 1
-    if args.resume:
-        start_epoch = load_sharded(args.resume, model, optimizer, scheduler, lesson=LESSON)["epoch"] + 1
+    # No rank holds the whole model: every rank writes its own shards (DCP), in parallel.
+    checkpointer = Checkpointer(args.output_dir, LESSON, keep=args.keep_checkpoints, sharded=True)
+    start_epoch, first_step = checkpointer.resume(args.resume, model, optimizer, scheduler, device)
+    stop = StopSignal()  # Slurm's SIGUSR1 (time limit near) or SIGTERM (preemption) -> stop at a step boundary
 
-    recorder = RunRecorder(args.output_dir, LESSON, ctx, args)
+    recorder = RunRecorder(args.output_dir, LESSON, ctx, args, start_epoch)
     for epoch in range(start_epoch, args.epochs + 1):
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, identical on every rank
-        train_stats = train(args, model, device, train_loader, optimizer, epoch, steps)
+        train_stats, done = train(args, model, device, train_loader, optimizer, epoch, steps, first_step, stop)
+        first_step = 0
+        if train_stats is None:  # a signal: save where we are and let Slurm restart us (--resume auto)
+            checkpointer.save(model, optimizer, scheduler, epoch=epoch - 1, epoch_step=done, args=args)
+            stop.requeue(epoch, done)
+            break
         test_stats = test(args, model, device, test_loader)
         scheduler.step()
         recorder.add_epoch(epoch, train_stats, test_stats)
-        # No rank has the whole model: every rank writes its own shards (DCP), in parallel.
-        save_sharded(Path(args.output_dir) / "checkpoint", model, optimizer, scheduler,
-                     epoch=epoch, step=epoch * steps, args=args, lesson=LESSON)
+        checkpointer.save(model, optimizer, scheduler, epoch=epoch, args=args)
     # One plain file for inference: the full weights gathered onto rank 0 (loads into a plain Net).
     export_full(Path(args.output_dir) / "model_full.pt", model, epoch=args.epochs, step=args.epochs * steps,
                 args=args, lesson=LESSON)

@@ -11,10 +11,11 @@ import os
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from common.cli import args_to_dict
-from common.distributed import barrier, is_main_process
+from common.distributed import barrier, get_rank, get_world_size, is_main_process
 from common.errors import CourseError
 
 FORMAT = "distributed-pytorch-course/v1"
@@ -51,11 +52,26 @@ def atomic_save(obj, path: str | os.PathLike) -> None:
         os.close(dir_fd)
 
 
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state()}
+def gather_rng_states() -> list[dict]:
+    """Every rank's random-number state (dropout differs per rank), collected on all ranks."""
+    mine = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
+        mine["cuda"] = torch.cuda.get_rng_state()
+    if not dist.is_initialized():
+        return [mine]
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, mine)
+    return states
+
+
+def restore_rng_states(states: list[dict]) -> None:
+    """Continue this rank's random numbers exactly; skipped when the number of ranks changed."""
+    if len(states) != get_world_size():
+        return
+    mine = states[get_rank()]
+    torch.set_rng_state(mine["torch"].cpu())
+    if "cuda" in mine and torch.cuda.is_available():
+        torch.cuda.set_rng_state(mine["cuda"].cpu())
 
 
 def save_checkpoint(path, model, optimizer=None, scheduler=None, *, epoch: int, step: int,
@@ -64,6 +80,7 @@ def save_checkpoint(path, model, optimizer=None, scheduler=None, *, epoch: int, 
 
     model_state replaces model.state_dict() when the weights were gathered elsewhere (FSDP's full state).
     """
+    rng = gather_rng_states()  # a collective: every rank takes part, rank 0 keeps them
     if is_main_process():
         atomic_save({
             "format": FORMAT,
@@ -73,7 +90,7 @@ def save_checkpoint(path, model, optimizer=None, scheduler=None, *, epoch: int, 
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "epoch": epoch,
             "step": step,
-            "rng": _rng_state(),
+            "rng": rng,
             "args": args_to_dict(args),
         }, path)
     barrier()
@@ -117,7 +134,5 @@ def load_checkpoint(path, model, optimizer=None, scheduler=None, map_location="c
     if scheduler is not None and ckpt["scheduler"] is not None:
         scheduler.load_state_dict(ckpt["scheduler"])
     if restore_rng:
-        torch.set_rng_state(ckpt["rng"]["torch"].cpu())
-        if "cuda" in ckpt["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"].cpu())
+        restore_rng_states(ckpt["rng"])
     return ckpt

@@ -47,7 +47,10 @@ def base_parser(lesson: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--num-workers", type=int, default=default_num_workers(),
                    help="DataLoader worker processes (default: from SLURM_CPUS_PER_TASK, else the CPUs per process - 1)")
     p.add_argument("--output-dir", default=os.path.join("runs", lesson), help=f"where metrics, plots and checkpoints go (default: runs/{lesson})")
-    p.add_argument("--resume", default=None, help="checkpoint to resume from (default: start fresh)")
+    p.add_argument("--resume", default=None,
+                   help="'auto' (the newest good checkpoint in --output-dir, else start fresh) or a checkpoint path "
+                        "(default: start fresh)")
+    p.add_argument("--keep-checkpoints", type=positive_int, default=2, help="how many newest checkpoints to keep (default: 2)")
     p.add_argument("--data-on-device", action="store_true",
                    help="hold the whole dataset as tensors on the device instead of a DataLoader (fast)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (first steps are slow)")

@@ -7,6 +7,7 @@ so a crash mid-save never replaces a good checkpoint.
 """
 from __future__ import annotations
 
+import io
 import shutil
 from pathlib import Path
 
@@ -15,16 +16,16 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_state_dict, set_state_dict)
 
-from common.checkpoint import save_checkpoint, unwrap
+from common.checkpoint import gather_rng_states, restore_rng_states, save_checkpoint, unwrap
 from common.cli import args_to_dict
 from common.distributed import barrier, is_main_process
 from common.errors import CourseError
 
 
-def _state(model, optimizer, scheduler, epoch: int, step: int, args, lesson: str) -> dict:
+def _state(model, optimizer, scheduler, epoch: int, step: int, args, lesson: str, rng: bytes = b"") -> dict:
     model_sd, optim_sd = get_state_dict(unwrap(model), optimizer)  # DTensor shards, no communication
     return {"model": model_sd, "optim": optim_sd,
-            "meta": {"lesson": lesson, "epoch": epoch, "step": step, "args": args_to_dict(args),
+            "meta": {"lesson": lesson, "epoch": epoch, "step": step, "args": args_to_dict(args), "rng": rng,
                      "scheduler": scheduler.state_dict() if scheduler is not None else {}}}
 
 
@@ -36,7 +37,10 @@ def save_sharded(path, model, optimizer, scheduler=None, *, epoch: int, step: in
     if is_main_process():
         shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that was killed
     barrier()
-    dcp.save(_state(model, optimizer, scheduler, epoch, step, args, lesson), checkpoint_id=tmp)
+    buffer = io.BytesIO()
+    torch.save(gather_rng_states(), buffer)  # one opaque value: its length depends on the number of ranks
+    state = _state(model, optimizer, scheduler, epoch, step, args, lesson, buffer.getvalue())
+    dcp.save(state, checkpoint_id=tmp)
     barrier()  # every rank's shards are on disk
     if is_main_process():
         if path.exists():
@@ -68,6 +72,8 @@ def load_sharded(path, model, optimizer, scheduler=None, lesson: str = "") -> di
         raise CourseError(f"{path} was written by {meta['lesson']!r}, not {lesson!r}")
     if scheduler is not None and meta["scheduler"]:
         scheduler.load_state_dict(meta["scheduler"])
+    if meta["rng"]:
+        restore_rng_states(torch.load(io.BytesIO(meta["rng"]), weights_only=True))
     return meta
 
 

@@ -179,20 +179,35 @@ def setup(use_distributed: str = "auto", device: str = "auto", backend: str | No
         _current = DistContext(launch, dev, None)
         return _current
 
-    chosen = resolve_backend(backend, dev)
+    chosen = resolve_backend(backend or env.get("DIST_BACKEND"), dev)
     if timeout_s is None:
         timeout_s = float(env.get("DIST_TIMEOUT_SECONDS", DEFAULT_TIMEOUT_S))
     # torchrun exports MASTER_ADDR/PORT itself; for srun and single processes we export them for env://.
     os.environ.setdefault("MASTER_ADDR", launch.master_addr or "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(launch.master_port or free_port()))
-    dist.init_process_group(
-        backend=chosen,
-        init_method="env://",
-        rank=launch.rank,
-        world_size=launch.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=dev if dev.type == "cuda" else None,  # binds NCCL to this GPU up front
-    )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = None
+    if "TORCHELASTIC_RESTART_COUNT" in env:
+        # torchrun keeps one key-value store across restarts: give each attempt its own keys,
+        # or a restarted group would read the addresses of the processes that died.
+        store, _, _ = next(dist.rendezvous("env://", launch.rank, launch.world_size, timeout=timeout))
+        store = dist.PrefixStore(f"attempt_{env['TORCHELASTIC_RESTART_COUNT']}", store)
+    try:
+        dist.init_process_group(
+            backend=chosen,
+            init_method=None if store else "env://",
+            store=store,
+            rank=launch.rank,
+            world_size=launch.world_size,
+            timeout=timeout,
+            device_id=dev if dev.type == "cuda" else None,  # binds NCCL to this GPU up front
+        )
+    except RuntimeError as exc:
+        if "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower():
+            port = os.environ["MASTER_PORT"]
+            raise CourseError(f"MASTER_PORT {port} is already in use on {os.environ['MASTER_ADDR']}: pick another, "
+                              f"e.g. MASTER_PORT={free_port()} (torchrun: --master_port or --rdzv_endpoint)") from None
+        raise
     _current = DistContext(launch, dev, chosen, launch.rank, launch.local_rank, launch.world_size)
     return _current
 

@@ -56,4 +56,6 @@ def make_loader(dataset, batch_size: int, sampler: Sampler, device: torch.device
     """A DataLoader over `sampler`, or a DeviceLoader when the data should live on the device."""
     if on_device:
         return DeviceLoader(dataset, batch_size, sampler, device)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **loader_kwargs(device, num_workers))
+    # Its own generator: creating an iterator then leaves the global RNG (dropout) alone, so resumes are exact.
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=torch.Generator(),
+                      **loader_kwargs(device, num_workers))

@@ -14,9 +14,13 @@ from common.distributed import DistContext
 class RunRecorder:
     """Collects per-epoch numbers and rewrites OUTPUT_DIR/metrics.json and curves.png after each epoch."""
 
-    def __init__(self, output_dir, lesson: str, ctx: DistContext, args):
+    def __init__(self, output_dir, lesson: str, ctx: DistContext, args, start_epoch: int = 1):
         self.dir = Path(output_dir)
         self.ctx = ctx
+        earlier = []  # a resumed run keeps the epochs it did not redo, so each epoch appears once
+        if start_epoch > 1 and (self.dir / "metrics.json").exists():
+            earlier = [e for e in json.loads((self.dir / "metrics.json").read_text())["epochs"]
+                       if e["epoch"] < start_epoch]
         self.record = {
             "lesson": lesson,
             "world_size": ctx.world_size,
@@ -24,7 +28,7 @@ class RunRecorder:
             "device": ctx.device.type,
             "torch_version": torch.__version__,
             "args": args_to_dict(args),
-            "epochs": [],
+            "epochs": earlier,
             "peak_memory_bytes": None,
         }
 

@@ -45,7 +45,7 @@ def test_02_single_process(small, tmp_path):
     m = check_metrics(tmp_path, "02_singlegpu_training", 1, 333)
     assert [r["epoch"] for r in m["epochs"]] == [1, 2] and m["backend"] is None
     assert proc.stdout.count("epoch ") >= 2 and "test_accuracy" in proc.stdout
-    ckpt = load_checkpoint(tmp_path / "checkpoint.pt", Net())
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "ckpt-e0002-s0000000.pt", Net())
     assert ckpt["epoch"] == 2 and ckpt["optimizer"]["state"]
 
 
@@ -98,8 +98,9 @@ def test_05_fsdp_under_torchrun(small, tmp_path, nproc):
                       "--output-dir", tmp_path, nproc=nproc)
     assert_clean(proc)
     check_metrics(tmp_path, "05_multigpu_fsdp_training", nproc, 1001)
-    assert (tmp_path / "checkpoint" / ".metadata").is_file()
-    assert len(list((tmp_path / "checkpoint").glob("*.distcp"))) == nproc  # each rank wrote its shard
+    folder = tmp_path / "checkpoints" / "ckpt-e0001-s0000000"
+    assert (folder / ".metadata").is_file()
+    assert len(list(folder.glob("*.distcp"))) == nproc  # each rank wrote its shard
     assert load_checkpoint(tmp_path / "model_full.pt", Net())["epoch"] == 1  # the export loads into a plain Net
 
 
@@ -108,7 +109,7 @@ def test_05_checkpoint_saved_on_2_ranks_resumes_on_3(small, tmp_path):
     assert_clean(run_script("05", *small, "--train-samples", 900, "--test-samples", 300, "--epochs", 1,
                             "--width", 2, "--output-dir", first, nproc=2))
     proc = run_script("05", *small, "--train-samples", 900, "--test-samples", 300, "--epochs", 2, "--width", 2,
-                      "--resume", first / "checkpoint", "--output-dir", second, nproc=3)
+                      "--resume", first / "checkpoints" / "ckpt-e0001-s0000000", "--output-dir", second, nproc=3)
     assert_clean(proc)
     m = metrics(second)
     assert m["world_size"] == 3 and m["epochs"][-1]["epoch"] == 2

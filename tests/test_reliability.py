@@ -1,0 +1,192 @@
+"""Exact resume, preemption signals, elastic restarts, no hangs, and one-line errors, for real."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from common.checkpoint import load_checkpoint, read_checkpoint
+from common.checkpointer import Checkpointer
+from common.launcher import WorkerError, launch
+from common.model import Net
+from lessons import ROOT, SCRIPTS, assert_clean, metrics, run_script
+
+NPROC = {"02": None, "04": 2, "05": 2}
+
+
+@pytest.fixture(scope="module")
+def small(synthetic_dir):
+    return ["--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", "0",
+            "--train-samples", "640", "--test-samples", "200", "--batch-size", "32"]
+
+
+def final_weights(out_dir, lesson):
+    """The trained weights as a plain state dict (lesson 05 exports them gathered into model_full.pt)."""
+    if lesson == "05":
+        return read_checkpoint(out_dir / "model_full.pt")["model"]
+    newest = Checkpointer(out_dir, "").candidates()[0]
+    return read_checkpoint(newest)["model"]
+
+
+def same_numbers(a, b):
+    keep = ("epoch", "train_loss", "test_loss", "test_accuracy", "test_samples")
+    return [{k: e[k] for k in keep} for e in a["epochs"]] == [{k: e[k] for k in keep} for e in b["epochs"]]
+
+
+@pytest.mark.parametrize("lesson", ["02", "04", "05"])
+def test_resume_after_epoch_k_is_exact(lesson, small, tmp_path):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert_clean(run_script(lesson, *small, "--epochs", 3, "--output-dir", whole, nproc=NPROC[lesson]))
+    assert_clean(run_script(lesson, *small, "--epochs", 1, "--output-dir", split, nproc=NPROC[lesson]))
+    proc = run_script(lesson, *small, "--epochs", 3, "--output-dir", split, "--resume", "auto", nproc=NPROC[lesson])
+    assert_clean(proc)
+    assert "resume: from" in proc.stdout and "epoch 1 |" not in proc.stdout
+    assert same_numbers(metrics(whole), metrics(split))  # every epoch once, same losses and accuracies
+    for name, value in final_weights(whole, lesson).items():
+        assert torch.equal(value, final_weights(split, lesson)[name]), name
+
+
+def test_05_checkpoint_from_2_ranks_loads_identically_on_3(small, tmp_path):
+    two, three = tmp_path / "two", tmp_path / "three"
+    assert_clean(run_script("05", *small, "--epochs", 1, "--width", 2, "--output-dir", two, nproc=2))
+    newest = Checkpointer(two, "", sharded=True).candidates()[0]
+    # --epochs 1 again: nothing left to train, so the 3 ranks only load (resharding) and export.
+    proc = run_script("05", *small, "--epochs", 1, "--width", 2, "--resume", newest, "--output-dir", three, nproc=3)
+    assert_clean(proc)
+    loaded, saved = read_checkpoint(three / "model_full.pt")["model"], read_checkpoint(two / "model_full.pt")["model"]
+    assert all(torch.equal(loaded[k], v) for k, v in saved.items())
+
+
+def children(pid):
+    """PIDs whose parent is pid (the workers that torchrun started)."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        kids.append(int(entry))
+            except (OSError, IndexError):
+                pass
+    return kids
+
+
+def start_and_hit_worker(args, out_dir, sig, extra=(), timeout=240):
+    """Start lesson 04 under torchrun, wait for epoch 1's checkpoint, send `sig` to one worker, wait for the end."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *extra,
+           str(SCRIPTS["04"]), *map(str, args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("epoch 1 |"):
+            while not (out_dir / "checkpoints" / "ckpt-e0001-s0000000.pt").exists():
+                time.sleep(0.05)
+            workers = children(proc.pid)
+            assert workers, "no worker processes found"
+            os.kill(max(workers), sig)
+            break
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return proc.returncode, "".join(lines) + out
+
+
+def test_sigusr1_mid_epoch_stops_all_ranks_saves_and_resumes_exactly(small, tmp_path):
+    whole, hit = tmp_path / "whole", tmp_path / "hit"
+    args = [*small, "--train-samples", 1600, "--epochs", 3]
+    assert_clean(run_script("04", *args, "--output-dir", whole, nproc=2))
+    code, out = start_and_hit_worker([*args, "--output-dir", hit], hit, signal.SIGUSR1)
+    assert code == 0, out[-3000:]
+    assert "preempted: " in out and "checkpoint saved; not a Slurm job" in out, out[-3000:]
+    assert "epoch 3 |" not in out
+    proc = run_script("04", *args, "--output-dir", hit, "--resume", "auto", nproc=2)
+    assert_clean(proc)
+    assert [e["epoch"] for e in metrics(hit)["epochs"]] == [1, 2, 3]  # every epoch exactly once
+    for name, value in final_weights(whole, "04").items():  # same weights as if nothing had happened
+        assert torch.equal(value, final_weights(hit, "04")[name]), name
+
+
+def test_elastic_restart_after_a_worker_is_killed(small, tmp_path):
+    args = [*small, "--train-samples", 1600, "--epochs", 3, "--output-dir", tmp_path, "--resume", "auto"]
+    code, out = start_and_hit_worker(args, tmp_path, signal.SIGKILL, extra=["--max-restarts=1"])
+    assert code == 0, out[-3000:]
+    assert "resume: from" in out  # the restarted group picked up the last checkpoint
+    assert [e["epoch"] for e in metrics(tmp_path)["epochs"]] == [1, 2, 3]
+
+
+def test_a_failing_rank_ends_the_torchrun_job_quickly(small, tmp_path):
+    start = time.monotonic()
+    proc = run_script("04", *small, "--epochs", 1, "--output-dir", tmp_path, nproc=2, timeout=120,
+                      env={"FAIL_AT_STEP": "1:3", "DIST_TIMEOUT_SECONDS": "20"})
+    assert proc.returncode != 0 and time.monotonic() - start < 60
+    assert "rank 1 fails at step 3" in proc.stdout + proc.stderr
+
+
+def test_a_failing_rank_ends_the_notebook_launcher_quickly(small, tmp_path, monkeypatch):
+    import importlib
+    monkeypatch.syspath_prepend(str(SCRIPTS["04"].parent))  # the workers import the lesson script by name
+    module = importlib.import_module("mnist_ddpmodel")
+    monkeypatch.setenv("FAIL_AT_STEP", "1:2")
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="rank 1 failed: RuntimeError: FAIL_AT_STEP"):
+        launch(module.main, nprocs=2, args=([*small, "--epochs", "1", "--output-dir", str(tmp_path)],), timeout_s=120)
+    assert time.monotonic() - start < 60
+
+
+def test_keep_last_n_and_resume_skips_a_broken_newest(tmp_path, capsys):
+    model = Net()
+    opt = torch.optim.Adadelta(model.parameters())
+    ckpt = Checkpointer(tmp_path, "02", keep=2)
+    for epoch in (1, 2, 3, 4):
+        ckpt.save(model, opt, None, epoch=epoch)
+    assert [p.name for p in ckpt.candidates()] == ["ckpt-e0004-s0000000.pt", "ckpt-e0003-s0000000.pt"]
+    newest = ckpt.candidates()[0]
+    newest.write_bytes(newest.read_bytes()[:1000])  # as if the disk filled up mid-write
+    assert ckpt.resume("auto", Net(), None, None, "cpu") == (4, 0)  # epoch 3's checkpoint: run epoch 4 again
+    assert "ckpt-e0003" in capsys.readouterr().out
+
+
+def one_line_error(proc, *needles):
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    for needle in needles:
+        assert needle in last, last
+    return last
+
+
+def test_clear_errors(small, tmp_path, synthetic_dir):
+    fresh = tmp_path / "fresh"
+    assert_clean(run_script("04", *small, "--epochs", 1, "--output-dir", fresh))
+    good = Checkpointer(fresh, "").candidates()[0]
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[:2000])
+    fsdp = tmp_path / "fsdp"
+    assert_clean(run_script("05", *small, "--epochs", 1, "--max-steps", 2, "--output-dir", fsdp, nproc=2))
+    fsdp_ckpt = Checkpointer(fsdp, "", sharded=True).candidates()[0]
+    empty = tmp_path / "empty"
+    cases = [
+        (["--data", "mnist", "--data-dir", empty], {"MNIST_MIRROR": "http://127.0.0.1:9/"}, ("--data synthetic", "download_mnist.py")),
+        (["--resume", truncated], {}, ("not a readable checkpoint", str(truncated))),
+        (["--resume", good, "--width", 2], {}, ("another shape", "--width")),
+        (["--resume", fsdp_ckpt], {}, ("is a folder", "DCP")),
+        (["--batch-size", 0], {}, ("--batch-size", "positive integer")),
+        (["--device", "cuda"], {}, ("no CUDA GPU", "--device cpu")),
+        ([], {"DIST_BACKEND": "nccl"}, ("nccl needs CUDA",)),
+    ]
+    for extra, env, needles in cases:
+        one_line_error(run_script("04", *small, "--output-dir", tmp_path / "x", *extra, env=env), *needles)
+    with socket.socket() as busy:  # MASTER_PORT taken by someone else
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        one_line_error(run_script("04", *small, "--output-dir", tmp_path / "y", env=env), f"MASTER_PORT {port}", "in use")
