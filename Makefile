@@ -21,7 +21,7 @@ test: setup
 
 # A real two-node Slurm cluster on this machine (needs root; apt-installs slurm and munge if missing).
 test-slurm: setup
-	REQUIRE_SLURM=1 $(PY) -m pytest tests/test_slurm_cluster.py tests/test_slurm_lessons.py -v
+	REQUIRE_SLURM=1 $(PY) -m pytest tests/test_slurm_cluster.py tests/test_slurm_lessons.py tests/test_slurm_preemption.py -v
 
 # The course's main job on CPU: lesson 04, DDP with 2 gloo processes. Real MNIST when it is in
 # ./data or can be downloaded; otherwise the synthetic digits, and it says so.

@@ -30,6 +30,7 @@ MODULES=${MODULES:-}        # modules to load, e.g. "cuda/12.4 python/3.11" (`mo
 CONDA_ENV=${CONDA_ENV:-}    # conda environment to activate (name or path); empty: none
 VENV=${VENV:-}              # virtualenv folder to activate; empty: $COURSE_DIR/.venv if it exists and no CONDA_ENV
 WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-}  # folder holding MNIST/raw; empty: $COURSE_DIR/data
+OUTPUT_ROOT=${OUTPUT_ROOT:-}              # folder for the runs' metrics and checkpoints; empty: $COURSE_DIR/runs
 # Debugging and network settings, off by default; uncomment one when its situation arises:
 # export NCCL_DEBUG=INFO                   # NCCL error or hang at start: each rank prints the GPUs, network and transport NCCL chose
 # export NCCL_DEBUG_SUBSYS=INIT,NET        # with NCCL_DEBUG=INFO, when its output is too long: only the init and network lines
@@ -43,43 +44,16 @@ WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-}  # folder holding MNIST/raw; empty: $CO
 
 # ---- Nothing below needs editing. -------------------------------------------------------------
 [ -n "${SLURM_JOB_ID:-}" ] || { echo "error: not inside a Slurm job: submit it with sbatch $0 ..." >&2; exit 1; }
-# The course folder. sbatch runs a COPY of this script from a spool folder, so the script's own
-# path ($0) says nothing: start where sbatch was run (SLURM_SUBMIT_DIR) and go up to common/.
-if [ -z "$COURSE_DIR" ]; then
-    COURSE_DIR=${SLURM_SUBMIT_DIR:-$PWD}
-    while [ "$COURSE_DIR" != / ] && [ ! -f "$COURSE_DIR/common/distributed.py" ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
+# What every script of the course does first is in slurm/job_env.sh. sbatch runs a COPY of this script
+# from a spool folder, so its own path ($0) says nothing: go up from where sbatch was run to find it.
+if [ -z "$COURSE_DIR" ]; then COURSE_DIR=$SLURM_SUBMIT_DIR
+    while [ "$COURSE_DIR" != / ] && [ ! -f "$COURSE_DIR/slurm/job_env.sh" ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
 fi
-if [ ! -f "$COURSE_DIR/common/distributed.py" ]; then
-    echo "error: no course folder (one holding common/) at or above ${SLURM_SUBMIT_DIR:-$PWD}:" \
-         "run sbatch from inside the course, or set COURSE_DIR=/path/to/the/course" >&2
-    exit 1
-fi
-export PYTHONPATH=$COURSE_DIR${PYTHONPATH:+:$PYTHONPATH}  # `import common` works without pip install -e
-export WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-$COURSE_DIR/data}
-export PYTHONUNBUFFERED=1  # lines reach the log when printed, not when a buffer fills
-set +u  # module and activate scripts often read unset variables
-if [ -n "$MODULES" ]; then
-    command -v module >/dev/null || { echo "error: MODULES is set but this shell has no 'module' command" \
-        "(source your site's modules init script here, or use #!/bin/bash -l)" >&2; exit 1; }
-    module load $MODULES
-fi
-if [ -n "$CONDA_ENV" ]; then eval "$(conda shell.bash hook)"; conda activate "$CONDA_ENV"; fi
-if [ -n "$VENV" ]; then
-    [ -f "$VENV/bin/activate" ] || { echo "error: VENV=$VENV is not a virtualenv (no bin/activate)" >&2; exit 1; }
-    source "$VENV/bin/activate"
-elif [ -z "$CONDA_ENV" ] && [ -f "$COURSE_DIR/.venv/bin/activate" ]; then source "$COURSE_DIR/.venv/bin/activate"; fi
-set -u
+[ -f "$COURSE_DIR/slurm/job_env.sh" ] || { echo "error: no course folder (one holding slurm/job_env.sh) in COURSE_DIR" \
+    "or at or above $SLURM_SUBMIT_DIR: run sbatch from inside the course, or set COURSE_DIR=/path/to/it" >&2; exit 1; }
+source "$COURSE_DIR/slurm/job_env.sh"  # environment, PYTHONPATH, MASTER_ADDR/PORT, OUTPUT_DIR; prints the header
 
-# ---- Rendezvous: every process must reach one address and port on the job's first node. ----
-# The port comes from the job id (as in common/distributed.py), so jobs sharing a node differ.
-export MASTER_ADDR=$(set +o pipefail; scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
-export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
-[ -n "$MASTER_ADDR" ] || { echo "error: scontrol show hostnames gave no node name for $SLURM_JOB_NODELIST" >&2; exit 1; }
-export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
-
-echo "== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_NNODES node(s): $SLURM_JOB_NODELIST"
 echo "== tasks ${SLURM_NTASKS:-?} (one per GPU) | GPUs per node ${SLURM_GPUS_ON_NODE:-0} | CPUs per task ${SLURM_CPUS_PER_TASK:-1} | rendezvous $MASTER_ADDR:$MASTER_PORT"
-echo "== python $(command -v python) | course $COURSE_DIR | data $WORKSHOP_DATA_DIR"
 
 echo "== check_env.py, once per node"
 srun --kill-on-bad-exit=1 --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \

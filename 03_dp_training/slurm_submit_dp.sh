@@ -5,8 +5,9 @@
 #   sbatch 03_dp_training/slurm_submit_dp.sh --epochs 3
 #   sbatch -A my_account -p my_partition 03_dp_training/slurm_submit_dp.sh
 #
-# Arguments after the script name go to mnist_dpmodel.py. Log: logs/mnist-dp-<jobid>.out.
-# Shape: 1 task that sees every GPU of --gpus-per-node; no srun, no torchrun. Help: slurm/README.md.
+# Arguments after the script name go to mnist_dpmodel.py. Log: logs/mnist-dp-<jobid>.out;
+# metrics and checkpoints: runs/mnist-dp-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
+# Shape: 1 task that sees every GPU of --gpus-per-node; no torchrun. Help: slurm/README.md.
 #SBATCH --job-name=mnist-dp
 #SBATCH --nodes=1
 #SBATCH --ntasks=1                 # DataParallel is one process: more tasks would train separate copies
@@ -15,6 +16,12 @@
 #SBATCH --cpus-per-task=8          # DataLoader workers = this - 1 (the script reads SLURM_CPUS_PER_TASK)
 #SBATCH --time=00:30:00
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
+# Time limit and preemption: Slurm sends SIGUSR1 120-180 s before the time limit to the processes of the
+# job's steps (srun; B:USR1@120 would signal only this batch shell, for scripts that trap it themselves).
+# They save a checkpoint and requeue the job, which keeps its id and resumes (slurm/README.md, "Time limits").
+#SBATCH --signal=USR1@120          # raise the 120 if saving a checkpoint takes longer than a minute
+#SBATCH --requeue                  # the job may go back to the queue: on preemption, or by itself on SIGUSR1
+#SBATCH --open-mode=append         # a requeued run appends to the same log instead of overwriting it
 # ================================ SITE SECTION ================================
 # The only part that differs between clusters. It is the same in every script of the course:
 # edit it once and copy it. Or leave it alone and set what you need when you submit, e.g.
@@ -29,6 +36,7 @@ MODULES=${MODULES:-}        # modules to load, e.g. "cuda/12.4 python/3.11" (`mo
 CONDA_ENV=${CONDA_ENV:-}    # conda environment to activate (name or path); empty: none
 VENV=${VENV:-}              # virtualenv folder to activate; empty: $COURSE_DIR/.venv if it exists and no CONDA_ENV
 WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-}  # folder holding MNIST/raw; empty: $COURSE_DIR/data
+OUTPUT_ROOT=${OUTPUT_ROOT:-}              # folder for the runs' metrics and checkpoints; empty: $COURSE_DIR/runs
 # Debugging and network settings, off by default; uncomment one when its situation arises:
 # export NCCL_DEBUG=INFO                   # NCCL error or hang at start: each rank prints the GPUs, network and transport NCCL chose
 # export NCCL_DEBUG_SUBSYS=INIT,NET        # with NCCL_DEBUG=INFO, when its output is too long: only the init and network lines
@@ -42,37 +50,19 @@ WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-}  # folder holding MNIST/raw; empty: $CO
 
 # ---- Nothing below needs editing. -------------------------------------------------------------
 [ -n "${SLURM_JOB_ID:-}" ] || { echo "error: not inside a Slurm job: submit it with sbatch $0 ..." >&2; exit 1; }
-# The course folder. sbatch runs a COPY of this script from a spool folder, so the script's own
-# path ($0) says nothing: start where sbatch was run (SLURM_SUBMIT_DIR) and go up to common/.
-if [ -z "$COURSE_DIR" ]; then
-    COURSE_DIR=${SLURM_SUBMIT_DIR:-$PWD}
-    while [ "$COURSE_DIR" != / ] && [ ! -f "$COURSE_DIR/common/distributed.py" ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
+# What every script of the course does first is in slurm/job_env.sh. sbatch runs a COPY of this script
+# from a spool folder, so its own path ($0) says nothing: go up from where sbatch was run to find it.
+if [ -z "$COURSE_DIR" ]; then COURSE_DIR=$SLURM_SUBMIT_DIR
+    while [ "$COURSE_DIR" != / ] && [ ! -f "$COURSE_DIR/slurm/job_env.sh" ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
 fi
-if [ ! -f "$COURSE_DIR/common/distributed.py" ]; then
-    echo "error: no course folder (one holding common/) at or above ${SLURM_SUBMIT_DIR:-$PWD}:" \
-         "run sbatch from inside the course, or set COURSE_DIR=/path/to/the/course" >&2
-    exit 1
-fi
-export PYTHONPATH=$COURSE_DIR${PYTHONPATH:+:$PYTHONPATH}  # `import common` works without pip install -e
-export WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-$COURSE_DIR/data}
-export PYTHONUNBUFFERED=1  # lines reach the log when printed, not when a buffer fills
-set +u  # module and activate scripts often read unset variables
-if [ -n "$MODULES" ]; then
-    command -v module >/dev/null || { echo "error: MODULES is set but this shell has no 'module' command" \
-        "(source your site's modules init script here, or use #!/bin/bash -l)" >&2; exit 1; }
-    module load $MODULES
-fi
-if [ -n "$CONDA_ENV" ]; then eval "$(conda shell.bash hook)"; conda activate "$CONDA_ENV"; fi
-if [ -n "$VENV" ]; then
-    [ -f "$VENV/bin/activate" ] || { echo "error: VENV=$VENV is not a virtualenv (no bin/activate)" >&2; exit 1; }
-    source "$VENV/bin/activate"
-elif [ -z "$CONDA_ENV" ] && [ -f "$COURSE_DIR/.venv/bin/activate" ]; then source "$COURSE_DIR/.venv/bin/activate"; fi
-set -u
+[ -f "$COURSE_DIR/slurm/job_env.sh" ] || { echo "error: no course folder (one holding slurm/job_env.sh) in COURSE_DIR" \
+    "or at or above $SLURM_SUBMIT_DIR: run sbatch from inside the course, or set COURSE_DIR=/path/to/it" >&2; exit 1; }
+source "$COURSE_DIR/slurm/job_env.sh"  # environment, PYTHONPATH, MASTER_ADDR/PORT, OUTPUT_DIR; prints the header
 
-export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
-
-echo "== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_NNODES node(s): $SLURM_JOB_NODELIST"
 echo "== 1 process | GPUs ${SLURM_GPUS_ON_NODE:-0} (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-none}) | CPUs ${SLURM_CPUS_PER_TASK:-1}"
-echo "== python $(command -v python) | course $COURSE_DIR | data $WORKSHOP_DATA_DIR"
 
-python "$COURSE_DIR/03_dp_training/mnist_dpmodel.py" "$@"
+# srun, although one process needs no launcher: the signals Slurm sends a job (--signal above,
+# `scancel --signal`) reach the processes of its srun steps, not this batch shell or what it runs itself.
+# --resume auto: continue from the newest checkpoint in OUTPUT_DIR (after a requeue), else start fresh.
+srun --kill-on-bad-exit=1 --ntasks=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
+    python "$COURSE_DIR/03_dp_training/mnist_dpmodel.py" --output-dir "$OUTPUT_DIR" --resume auto "$@"

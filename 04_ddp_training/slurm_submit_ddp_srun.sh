@@ -6,7 +6,8 @@
 #   sbatch 04_ddp_training/slurm_submit_ddp_srun.sh --epochs 3
 #   sbatch --nodes=4 -A my_account -p my_partition 04_ddp_training/slurm_submit_ddp_srun.sh
 #
-# Arguments after the script name go to mnist_ddpmodel.py. Log: logs/ddp-srun-<jobid>.out.
+# Arguments after the script name go to mnist_ddpmodel.py. Log: logs/ddp-srun-<jobid>.out;
+# metrics and checkpoints: runs/ddp-srun-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
 # World size = nodes x tasks per node. Keep --ntasks-per-node equal to --gpus-per-node.
 # The same job with torchrun: slurm_submit_ddp_multinode.sh. Help and troubleshooting: slurm/README.md.
 #SBATCH --job-name=ddp-srun
@@ -17,6 +18,12 @@
 #SBATCH --cpus-per-task=4          # per process: DataLoader workers = this - 1
 #SBATCH --time=00:30:00
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
+# Time limit and preemption: Slurm sends SIGUSR1 120-180 s before the time limit to the processes of the
+# job's steps (srun; B:USR1@120 would signal only this batch shell, for scripts that trap it themselves).
+# They save a checkpoint and requeue the job, which keeps its id and resumes (slurm/README.md, "Time limits").
+#SBATCH --signal=USR1@120          # raise the 120 if saving a checkpoint takes longer than a minute
+#SBATCH --requeue                  # the job may go back to the queue: on preemption, or by itself on SIGUSR1
+#SBATCH --open-mode=append         # a requeued run appends to the same log instead of overwriting it
 # ================================ SITE SECTION ================================
 # The only part that differs between clusters. It is the same in every script of the course:
 # edit it once and copy it. Or leave it alone and set what you need when you submit, e.g.
@@ -31,6 +38,7 @@ MODULES=${MODULES:-}        # modules to load, e.g. "cuda/12.4 python/3.11" (`mo
 CONDA_ENV=${CONDA_ENV:-}    # conda environment to activate (name or path); empty: none
 VENV=${VENV:-}              # virtualenv folder to activate; empty: $COURSE_DIR/.venv if it exists and no CONDA_ENV
 WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-}  # folder holding MNIST/raw; empty: $COURSE_DIR/data
+OUTPUT_ROOT=${OUTPUT_ROOT:-}              # folder for the runs' metrics and checkpoints; empty: $COURSE_DIR/runs
 # Debugging and network settings, off by default; uncomment one when its situation arises:
 # export NCCL_DEBUG=INFO                   # NCCL error or hang at start: each rank prints the GPUs, network and transport NCCL chose
 # export NCCL_DEBUG_SUBSYS=INIT,NET        # with NCCL_DEBUG=INFO, when its output is too long: only the init and network lines
@@ -44,50 +52,23 @@ WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-}  # folder holding MNIST/raw; empty: $CO
 
 # ---- Nothing below needs editing. -------------------------------------------------------------
 [ -n "${SLURM_JOB_ID:-}" ] || { echo "error: not inside a Slurm job: submit it with sbatch $0 ..." >&2; exit 1; }
-# The course folder. sbatch runs a COPY of this script from a spool folder, so the script's own
-# path ($0) says nothing: start where sbatch was run (SLURM_SUBMIT_DIR) and go up to common/.
-if [ -z "$COURSE_DIR" ]; then
-    COURSE_DIR=${SLURM_SUBMIT_DIR:-$PWD}
-    while [ "$COURSE_DIR" != / ] && [ ! -f "$COURSE_DIR/common/distributed.py" ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
+# What every script of the course does first is in slurm/job_env.sh. sbatch runs a COPY of this script
+# from a spool folder, so its own path ($0) says nothing: go up from where sbatch was run to find it.
+if [ -z "$COURSE_DIR" ]; then COURSE_DIR=$SLURM_SUBMIT_DIR
+    while [ "$COURSE_DIR" != / ] && [ ! -f "$COURSE_DIR/slurm/job_env.sh" ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
 fi
-if [ ! -f "$COURSE_DIR/common/distributed.py" ]; then
-    echo "error: no course folder (one holding common/) at or above ${SLURM_SUBMIT_DIR:-$PWD}:" \
-         "run sbatch from inside the course, or set COURSE_DIR=/path/to/the/course" >&2
-    exit 1
-fi
-export PYTHONPATH=$COURSE_DIR${PYTHONPATH:+:$PYTHONPATH}  # `import common` works without pip install -e
-export WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-$COURSE_DIR/data}
-export PYTHONUNBUFFERED=1  # lines reach the log when printed, not when a buffer fills
-set +u  # module and activate scripts often read unset variables
-if [ -n "$MODULES" ]; then
-    command -v module >/dev/null || { echo "error: MODULES is set but this shell has no 'module' command" \
-        "(source your site's modules init script here, or use #!/bin/bash -l)" >&2; exit 1; }
-    module load $MODULES
-fi
-if [ -n "$CONDA_ENV" ]; then eval "$(conda shell.bash hook)"; conda activate "$CONDA_ENV"; fi
-if [ -n "$VENV" ]; then
-    [ -f "$VENV/bin/activate" ] || { echo "error: VENV=$VENV is not a virtualenv (no bin/activate)" >&2; exit 1; }
-    source "$VENV/bin/activate"
-elif [ -z "$CONDA_ENV" ] && [ -f "$COURSE_DIR/.venv/bin/activate" ]; then source "$COURSE_DIR/.venv/bin/activate"; fi
-set -u
+[ -f "$COURSE_DIR/slurm/job_env.sh" ] || { echo "error: no course folder (one holding slurm/job_env.sh) in COURSE_DIR" \
+    "or at or above $SLURM_SUBMIT_DIR: run sbatch from inside the course, or set COURSE_DIR=/path/to/it" >&2; exit 1; }
+source "$COURSE_DIR/slurm/job_env.sh"  # environment, PYTHONPATH, MASTER_ADDR/PORT, OUTPUT_DIR; prints the header
 
-# ---- Rendezvous: every process must reach one address and port on the job's first node. ----
-# The port comes from the job id (as in common/distributed.py), so jobs sharing a node differ.
-export MASTER_ADDR=$(set +o pipefail; scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
-export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
-[ -n "$MASTER_ADDR" ] || { echo "error: scontrol show hostnames gave no node name for $SLURM_JOB_NODELIST" >&2; exit 1; }
-unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE  # left over from your shell, they would beat SLURM_PROCID
-export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 GPUS_ON_NODE=${SLURM_GPUS_ON_NODE:-0}
 if (( GPUS_ON_NODE > 0 )) && [ "${SLURM_NTASKS_PER_NODE:-$GPUS_ON_NODE}" != "$GPUS_ON_NODE" ]; then
     echo "warning: $SLURM_NTASKS_PER_NODE tasks per node but $GPUS_ON_NODE GPUs per node: this style wants one task per GPU" >&2
 fi
-
-echo "== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_NNODES node(s): $SLURM_JOB_NODELIST"
 echo "== tasks ${SLURM_NTASKS:-?} (one per GPU) -> world size ${SLURM_NTASKS:-?} | GPUs per node $GPUS_ON_NODE | CPUs per task ${SLURM_CPUS_PER_TASK:-1}"
 echo "== rendezvous $MASTER_ADDR:$MASTER_PORT (env://, rank 0 listens)"
-echo "== python $(command -v python) | course $COURSE_DIR | data $WORKSHOP_DATA_DIR"
 
 # --cpus-per-task again: from Slurm 22.05 on, srun may not inherit it from sbatch.
+# --resume auto: continue from the newest checkpoint in OUTPUT_DIR (after a requeue), else start fresh.
 srun --kill-on-bad-exit=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
-    python "$COURSE_DIR/04_ddp_training/mnist_ddpmodel.py" "$@"
+    python "$COURSE_DIR/04_ddp_training/mnist_ddpmodel.py" --output-dir "$OUTPUT_DIR" --resume auto "$@"

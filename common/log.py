@@ -22,7 +22,7 @@ def log0(*args, **kwargs) -> None:
 
 def log_all(*args, **kwargs) -> None:
     """print() on every rank, prefixed with the rank, for the few lines each rank must say."""
-    print(f"[rank {get_rank()}]", *args, flush=True, **kwargs)
+    print(" ".join([f"[rank {get_rank()}]", *map(str, args)]), flush=True, **kwargs)  # one write: no interleaving
 
 
 def _periodic(iterable: Iterable, desc: str, total: int, every_s: float = 30.0):

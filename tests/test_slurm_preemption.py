@@ -1,0 +1,168 @@
+"""Preemption and requeue on the real two-node test cluster (issue 5), with the lesson 04 scripts UNCHANGED.
+
+A job trains 3 epochs; a moment after the log shows epoch 1 the test sends what Slurm sends before
+a time limit, `scancel --signal=USR1 <job>`. Every rank must stop at the same step, rank 0 saves a
+checkpoint and runs `scontrol requeue`; Slurm restarts the job (same id, so the same output folder
+runs/<job name>-<id>), which resumes with `--resume auto` and completes. metrics.json must list
+epochs 1, 2, 3 exactly once, and the appended log must tell the story in order.
+
+One shortcut, for time only: Slurm keeps a requeued job pending (Reason=BeginTime) for about 2
+minutes (the lifetime of its launch credentials) before it may start again. The test moves its
+start time to now with `scontrol update`; everything else is what happens on a real cluster.
+
+Also: a rank that fails makes the whole srun-style job fail within seconds (no hang), and the log
+names the rank (FAIL_AT_STEP=RANK:STEP, the course's fault injection); and a job you cancel stays
+cancelled.
+"""
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from test_slurm_lessons import LEAKY, ROOT, SCRIPTS
+
+EPOCHS = 3
+TRAIN_SAMPLES = 4000  # one epoch ~2-5 s on the 2-core test machine: time to signal it mid-epoch
+TEST_SAMPLES = 200
+SIGNAL_AFTER_EPOCH_1_S = 1.0  # into epoch 2, so the run stops and resumes mid-epoch
+SHAPES = {  # name -> (cpus per task, environment, signal): the test nodes have 2 CPUs each
+    "ddp": (2, {"NPROC_PER_NODE": "2"}, "USR1"),  # one node, srun + torchrun --standalone
+    "ddp_multinode": (2, {"NPROC_PER_NODE": "2"}, "USR1"),  # two nodes, srun + torchrun (c10d), world size 4
+    "ddp_srun": (1, {}, "USR1"),  # two nodes, srun starts the 4 processes
+}
+PHASE_TIMEOUT_S = 150  # for each of: reaching epoch 1; from the signal to the end
+
+
+def submit(cluster, name, workdir, cpus, env, args):
+    """sbatch as a learner would, from the course folder; outputs under workdir (OUTPUT_ROOT)."""
+    full_env = {k: v for k, v in cluster.env.items() if k not in LEAKY}
+    full_env.update(env, OUTPUT_ROOT=str(workdir / "runs"))
+    cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--cpus-per-task={cpus}", str(ROOT / SCRIPTS[name][0]),
+           *map(str, args)]
+    done = subprocess.run(cmd, env=full_env, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, f"{' '.join(cmd)}: {done.stderr}"
+    return int(done.stdout.strip().split(";")[0])
+
+
+def read_log(cluster, job_id):
+    path = Path(cluster.job_info(job_id)["StdOut"])
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def report(cluster, job_id, what):
+    info = cluster.job_info(job_id)
+    return (f"{what}\njob {job_id}: {info.get('JobState')} Reason={info.get('Reason')} Restarts={info.get('Restarts')} "
+            f"ExitCode={info.get('ExitCode')}\n----- {info.get('StdOut')} -----\n{read_log(cluster, job_id)}\n"
+            f"{cluster.daemon_logs()}")
+
+
+def wait_for(cluster, job_id, ready, what, timeout=PHASE_TIMEOUT_S):
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", str(job_id)], env=cluster.env, capture_output=True)
+            pytest.fail(report(cluster, job_id, f"timed out after {timeout} s waiting for {what}"))
+        time.sleep(0.2)
+
+
+def run_to_the_end(cluster, job_id):
+    """Wait for the final state; release the requeued job from Slurm's ~2 min hold as soon as it is pending."""
+    released = 0
+    def final():
+        nonlocal released
+        info = cluster.job_info(job_id)
+        if info["JobState"] == "PENDING" and info.get("Reason") == "BeginTime":
+            cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+            released += 1
+        return info["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    wait_for(cluster, job_id, final, "the job to end")
+    return cluster.job_info(job_id), released
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_signal_checkpoints_requeues_and_resumes(slurm_cluster, synthetic_dir, tmp_path, name):
+    cpus, env, sig = SHAPES[name]
+    (tmp_path / "logs").mkdir()
+    t0 = time.monotonic()
+    job_id = submit(slurm_cluster, name, tmp_path, cpus, env, [
+        "--device", "cpu", "--data", "synthetic", "--data-dir", synthetic_dir, "--epochs", EPOCHS,
+        "--train-samples", TRAIN_SAMPLES, "--test-samples", TEST_SAMPLES, "--num-workers", 0])
+    wait_for(slurm_cluster, job_id, lambda: "epoch 1 |" in read_log(slurm_cluster, job_id), "epoch 1")
+    time.sleep(SIGNAL_AFTER_EPOCH_1_S)
+    t_signal = time.monotonic()
+    assert slurm_cluster.job_info(job_id)["JobState"] == "RUNNING", report(slurm_cluster, job_id, "not running")
+    slurm_cluster.run("scancel", f"--signal={sig}", str(job_id))  # to the processes of the job's steps
+
+    info, released = run_to_the_end(slurm_cluster, job_id)
+    t_end = time.monotonic()
+    log = read_log(slurm_cluster, job_id)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, \
+        report(slurm_cluster, job_id, "expected COMPLETED after exactly one requeue")
+
+    # The appended log, in order: fresh start, epoch 1, the stop, the restarted job's header, the resume.
+    job_name = info["JobName"]
+    out_dir = tmp_path / "runs" / f"{job_name}-{job_id}"
+    story = [f"== job {job_id} ({job_name})", f"resume: starting fresh (no checkpoint in {out_dir}", "epoch 1 |",
+             "preempted:", f"== job {job_id} ({job_name}) on", "| restart 1", f"resume: from {out_dir}/checkpoints/ckpt-e"]
+    at = 0
+    for piece in story:
+        found = log.find(piece, at)
+        assert found >= 0, report(slurm_cluster, job_id, f"log: {piece!r} missing after position {at}")
+        at = found + len(piece)
+    preempted = re.findall(r"^preempted:.*$", log, re.M)
+    assert len(preempted) == 1 and sig in preempted[0], report(slurm_cluster, job_id, f"one preempted: line, {sig}")
+    assert log.count("resume: from") == 1, report(slurm_cluster, job_id, "resumed more than once")
+    assert re.findall(r"^epoch (\d+) \|", log, re.M) == ["1", "2", "3"], report(slurm_cluster, job_id, "epochs")
+
+    # metrics.json of the job's own folder: every epoch exactly once, every test image counted.
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3], metrics["epochs"]
+    assert all(e["test_samples"] == TEST_SAMPLES for e in metrics["epochs"])
+    assert metrics["world_size"] == (2 if name == "ddp" else 4) and metrics["args"]["resume"] == "auto"
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [f"{job_name}-{job_id}"]
+    assert not (ROOT / "runs" / f"{job_name}-{job_id}").exists()  # OUTPUT_ROOT moved it out of the course
+    resumed = re.search(r"^resume: from .*$", log, re.M)[0]
+    print(f"\n{name}: SIG{sig} {t_signal - t0:.1f} s after submission; -> COMPLETED in {t_end - t_signal:.1f} s "
+          f"(requeue hold skipped {released}x)\n  {preempted[0]}\n  {resumed}")
+
+
+def test_a_failing_rank_fails_the_srun_job_quickly(slurm_cluster, synthetic_dir, tmp_path):
+    """No hang: rank 1 raises at step 3; srun --kill-on-bad-exit=1 stops the other ranks; the job FAILs."""
+    (tmp_path / "logs").mkdir()
+    t0 = time.monotonic()
+    job_id = submit(slurm_cluster, "ddp_srun", tmp_path, 1, {"FAIL_AT_STEP": "1:3"}, [
+        "--device", "cpu", "--data", "synthetic", "--data-dir", synthetic_dir, "--epochs", 1,
+        "--train-samples", 4096, "--test-samples", TEST_SAMPLES, "--num-workers", 0])
+    info, _ = run_to_the_end(slurm_cluster, job_id)
+    elapsed = time.monotonic() - t0
+    log = read_log(slurm_cluster, job_id)
+    assert info["JobState"] == "FAILED" and int(info["Restarts"]) == 0, report(slurm_cluster, job_id, "expected FAILED")
+    assert elapsed < 60, report(slurm_cluster, job_id, f"took {elapsed:.0f} s to fail")
+    # Slurm names the task (= rank in the srun style) that exited first; the Python error names the rank.
+    assert "task 1: Exited with exit code" in log and re.search(r"(?im)^.*\brank ?1\b.*(fail|error)", log), \
+        report(slurm_cluster, job_id, "the log must name rank 1")
+    assert "epoch 1 |" not in log
+    print(f"FAIL_AT_STEP=1:3: FAILED {elapsed:.1f} s after submission")
+
+
+def test_a_cancelled_job_stays_cancelled(slurm_cluster, synthetic_dir, tmp_path):
+    """`scancel <job>`: SIGTERM, then SIGKILL after KillWait. The job must end CANCELLED, not requeue itself."""
+    (tmp_path / "logs").mkdir()
+    job_id = submit(slurm_cluster, "ddp_srun", tmp_path, 1, {}, [
+        "--device", "cpu", "--data", "synthetic", "--data-dir", synthetic_dir, "--epochs", EPOCHS,
+        "--train-samples", TRAIN_SAMPLES, "--test-samples", TEST_SAMPLES, "--num-workers", 0])
+    wait_for(slurm_cluster, job_id, lambda: "epoch 1 |" in read_log(slurm_cluster, job_id), "epoch 1")
+    time.sleep(SIGNAL_AFTER_EPOCH_1_S)
+    slurm_cluster.run("scancel", str(job_id))
+    # SIGTERM now, SIGKILL after KillWait (2 s here): watch long enough for a requeue by the job itself.
+    states, deadline = [], time.monotonic() + 8
+    while time.monotonic() < deadline:
+        info = slurm_cluster.job_info(job_id)
+        states.append(f"{info['JobState']}/{info['Restarts']}")
+        time.sleep(0.5)
+    subprocess.run(["scancel", str(job_id)], env=slurm_cluster.env, capture_output=True)  # if it did come back
+    assert info["JobState"] == "CANCELLED" and int(info["Restarts"]) == 0, \
+        report(slurm_cluster, job_id, f"a cancelled job must stay cancelled; states seen: {' '.join(states)}")
