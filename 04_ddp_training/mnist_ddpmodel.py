@@ -106,7 +106,8 @@ def main(argv=None):
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over ALL ranks
     # DDP broadcasts rank 0's weights at construction, then all_reduces gradients in backward.
-    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                gradient_as_bucket_view=True)  # gradients live in the all_reduce buckets: one copy less
     if args.compile:
         model = torch.compile(model)  # fuses kernels; the first steps pay for compilation
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
