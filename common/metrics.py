@@ -2,7 +2,7 @@
 
 The mean of per-rank means is wrong when ranks saw different numbers of examples (the last
 test shard is often smaller), so every rank sums loss, correct and count, one all_reduce adds
-the sums, and only then do we divide. ReduceOp.SUM is used everywhere: ReduceOp.AVG is not
+the sums, and only then do we divide. ReduceOp.SUM is used everywhere: the AVG op is not
 reliable on gloo. In a single process the all_reduce is skipped and the same code runs.
 """
 from __future__ import annotations
