@@ -20,9 +20,12 @@ def log0(*args, **kwargs) -> None:
         print(*args, flush=True, **kwargs)
 
 
-def log_all(*args, **kwargs) -> None:
+def log_all(*args) -> None:
     """print() on every rank, prefixed with the rank, for the few lines each rank must say."""
-    print(" ".join([f"[rank {get_rank()}]", *map(str, args)]), flush=True, **kwargs)  # one write: no interleaving
+    # One write of the whole line: print() writes the text and the newline separately, and
+    # lines of several ranks sharing one log file would interleave between the two.
+    sys.stdout.write(" ".join([f"[rank {get_rank()}]", *map(str, args)]) + "\n")
+    sys.stdout.flush()
 
 
 def _periodic(iterable: Iterable, desc: str, total: int, every_s: float = 30.0):
