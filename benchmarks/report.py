@@ -11,7 +11,11 @@ LESSON_NAMES = {"02": "02 single GPU", "03": "03 DataParallel", "04": "04 DDP", 
 
 def machine_info(quick: bool) -> dict:
     import torch
-    info = {"date": datetime.date.today().isoformat(), "torch": torch.__version__}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:  # no git: a copy of the course without its history
+        commit = ""
+    info = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "commit": commit or "?"}
     if quick or not torch.cuda.is_available():
         return {**info, "gpu": "CPU (gloo, --quick smoke mode)", "driver": "-"}
     smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -52,6 +56,7 @@ def write_report(out: Path, rows: list[dict], info: dict) -> None:
     memory = [r for r in rows if r.get("memory")]
     lines = ["# Benchmarks", "",
              f"Measured {info['date']} on **{info['gpu']}** (driver {info['driver']}), torch {info['torch']}, "
+             f"course commit {info.get('commit', '?')}, "
              "synthetic MNIST (60k train / 10k test images), by `make bench` (`benchmarks/bench.py`).",
              "s/epoch is the fastest epoch after the first (warm-up); images/s counts all GPUs together; "
              "scaling compares with the same lesson and data path on 1 GPU.", "",
@@ -99,6 +104,7 @@ def _plots(out: Path, speed: list[dict], memory: list[dict]) -> None:
         line, = ax.plot([g for g, _ in pts], [v for _, v in pts], "o-", label=f"{LESSON_NAMES[lesson]}, {path}")
         if pts[0][0] == 1:
             ax.plot([g for g, _ in pts], [pts[0][1] * g for g, _ in pts], ":", color=line.get_color())
+    ax.set_xticks(sorted({r["gpus"] for r in speed if r["lesson"] in ("04", "05")}))
     ax.set(xlabel="GPUs", ylabel="training images/s", title="Scaling (dotted: ideal, linear in GPUs)")
     ax.legend(fontsize=7)
     fig.tight_layout()
