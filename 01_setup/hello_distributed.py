@@ -18,8 +18,10 @@ from common.distributed import cleanup, setup
 def main(argv=None):
     ctx = setup(use_distributed="on")  # a group even of one process, so every call below works
     rank, world_size, device = ctx.rank, ctx.world_size, ctx.device
-    print(f"host {socket.gethostname()} | rank {rank} of {world_size} | local rank {ctx.local_rank} | "
-          f"device {device} | backend {ctx.backend}", flush=True)
+    # One write per line, so the lines of ranks sharing a terminal or log file never interleave.
+    sys.stdout.write(f"host {socket.gethostname()} | rank {rank} of {world_size} | local rank {ctx.local_rank} | "
+                     f"device {device} | backend {ctx.backend}\n")
+    sys.stdout.flush()
     result = {"rank": rank, "world_size": world_size, "host": socket.gethostname()}
 
     # all_reduce: every rank contributes rank+1; everyone ends with 1 + 2 + ... + W.
