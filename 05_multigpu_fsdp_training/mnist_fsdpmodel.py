@@ -119,8 +119,7 @@ def main(argv=None):
         recorder.add_epoch(epoch, train_stats, test_stats)
         checkpointer.save(model, optimizer, scheduler, epoch=epoch, args=args)
     # One plain file for inference: the full weights gathered onto rank 0 (loads into a plain Net).
-    export_full(Path(args.output_dir) / "model_full.pt", model, epoch=args.epochs, step=args.epochs * steps,
-                args=args, lesson=LESSON)
+    export_full(Path(args.output_dir) / "model_full.pt", model, epoch=args.epochs, args=args, lesson=LESSON)
     cleanup()
     return recorder.record  # the numbers of metrics.json, e.g. for a notebook
 

@@ -16,7 +16,8 @@ import torch.nn as nn
 
 from common.cli import args_to_dict
 from common.distributed import barrier, get_rank, get_world_size, is_main_process
-from common.errors import CourseError
+from common.errors import CourseError, one_line
+from common.files import atomic_write
 
 FORMAT = "distributed-pytorch-course/v1"
 
@@ -33,23 +34,9 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def atomic_save(obj, path: str | os.PathLike) -> None:
-    """torch.save to a temp file in the same folder, fsync, then os.replace: all or nothing."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new, never half
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    """torch.save, all or nothing: a kill mid-save leaves the previous file intact."""
+    with atomic_write(path) as f:
+        torch.save(obj, f)
 
 
 def gather_rng_states() -> list[dict]:
@@ -96,11 +83,6 @@ def save_checkpoint(path, model, optimizer=None, scheduler=None, *, epoch: int, 
     barrier()
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def read_checkpoint(path, map_location="cpu") -> dict:
     """Load and validate a checkpoint file; one-line CourseError for anything that is not one of ours."""
     path = Path(path)
@@ -113,26 +95,24 @@ def read_checkpoint(path, map_location="cpu") -> dict:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # truncated zip, pickle of arbitrary objects, random bytes, ...
         raise CourseError(f"{path} is not a readable checkpoint (truncated or not written by this course): "
-                          f"{_first_line(exc)}") from None
+                          f"{one_line(exc, 200)}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CourseError(f"{path} was not written by this course's save_checkpoint: "
                           "pass a checkpoint from this course's --output-dir")
     return ckpt
 
 
-def load_checkpoint(path, model, optimizer=None, scheduler=None, map_location="cpu",
-                    restore_rng: bool = True) -> dict:
+def load_checkpoint(path, model, optimizer=None, scheduler=None, map_location="cpu") -> dict:
     """Restore model (plain or wrapped), optimizer and scheduler in place; return the checkpoint dict."""
     ckpt = read_checkpoint(path, map_location)
     try:
         unwrap(model).load_state_dict(ckpt["model"])
     except RuntimeError as exc:
-        raise CourseError(f"{path} holds a model of another shape ({_first_line(exc)[:160]}): "
+        raise CourseError(f"{path} holds a model of another shape ({one_line(exc, 160)}): "
                           "use the same --width and lesson as when it was saved") from None
     if optimizer is not None and ckpt["optimizer"] is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
     if scheduler is not None and ckpt["scheduler"] is not None:
         scheduler.load_state_dict(ckpt["scheduler"])
-    if restore_rng:
-        restore_rng_states(ckpt["rng"])
+    restore_rng_states(ckpt["rng"])
     return ckpt

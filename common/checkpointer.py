@@ -68,11 +68,10 @@ class Checkpointer:
         if spec is None:
             return 1, 0
         if spec == "auto":
-            good = [p for p in self.candidates() if self._loadable(p)]
-            if not good:
+            path = next((p for p in self.candidates() if self._loadable(p)), None)  # newest that reads back
+            if path is None:
                 log0(f"resume: starting fresh (no checkpoint in {self.dir})")
                 return 1, 0
-            path = good[0]
         else:
             path = Path(spec)
         if self.sharded:

@@ -11,7 +11,6 @@ import os
 import shutil
 import socket
 import struct
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -20,7 +19,8 @@ import torchvision
 from torch.utils.data import Subset
 from torchvision import transforms
 
-from common.errors import CourseError
+from common.errors import CourseError, one_line
+from common.files import atomic_write
 from common.synthetic import write_synthetic_mnist
 
 MNIST_MEAN = 0.1307
@@ -74,29 +74,17 @@ def _idx_problem(path: Path) -> str | None:
 
 def _missing_error(raw: Path, reason: str) -> CourseError:
     return CourseError(
-        f"MNIST not found in {raw} ({_one_line(reason)}): run `python 01_setup/download_mnist.py "
+        f"MNIST not found in {raw} ({one_line(reason)}): run `python 01_setup/download_mnist.py "
         f"--data-dir {raw.parent.parent}` on a login node with internet, or pass --data synthetic")
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def _extract_gz(gz: Path, dest: Path) -> None:
-    """Decompress `gz` to `dest` atomically (temp file in the same folder + os.replace)."""
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    """Decompress `gz` to `dest`, all or nothing."""
     try:
-        with os.fdopen(fd, "wb") as out, gzip.open(gz, "rb") as src:
+        with atomic_write(dest) as out, gzip.open(gz, "rb") as src:
             shutil.copyfileobj(src, out, 1 << 20)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; data dirs are often shared
-        os.replace(tmp, dest)
     except (OSError, EOFError) as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise CourseError(f"could not extract {gz} ({_one_line(e)}): delete it and run again") from e
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        raise CourseError(f"could not extract {gz} ({one_line(e)}): delete it and run again") from e
 
 
 def _download(root: Path) -> str | None:

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from common.checkpoint import gather_rng_states, restore_rng_states, save_checkpoint, unwrap
 from common.cli import args_to_dict
 from common.distributed import barrier, is_main_process
-from common.errors import CourseError
+from common.errors import CourseError, one_line
 
 
 def _state(model, optimizer, scheduler, epoch: int, step: int, args, lesson: str, rng: bytes = b"") -> dict:
@@ -63,8 +63,7 @@ def load_sharded(path, model, optimizer, scheduler=None, lesson: str = "") -> di
     except BaseException as exc:  # DCP's CheckpointException derives from BaseException
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise CourseError(f"{path} does not fit this model ({first}): "
+        raise CourseError(f"{path} does not fit this model ({one_line(exc, 200)}): "
                           "use the same --width as when it was saved") from None
     set_state_dict(unwrap(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     meta = state["meta"]
@@ -77,8 +76,8 @@ def load_sharded(path, model, optimizer, scheduler=None, lesson: str = "") -> di
     return meta
 
 
-def export_full(path, model, *, epoch: int, step: int, args=None, lesson: str = "") -> None:
+def export_full(path, model, *, epoch: int, args=None, lesson: str = "") -> None:
     """Gather the full (unsharded) weights onto rank 0's CPU and save one .pt for inference."""
     full = get_model_state_dict(unwrap(model), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    save_checkpoint(path, model, epoch=epoch, step=step, args=args, lesson=lesson,
+    save_checkpoint(path, model, epoch=epoch, step=0, args=args, lesson=lesson,
                     model_state={k: v.to(torch.float32) for k, v in full.items()})

@@ -6,3 +6,9 @@ class CourseError(Exception):
 
     Scripts catch it at the top level and print only the message (no traceback).
     """
+
+
+def one_line(text, limit: int = 300) -> str:
+    """An exception or message folded onto one line and cut to `limit` characters, for error messages."""
+    text = " ".join(str(text).split()) or type(text).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
 from common.cli import args_to_dict
 from common.distributed import DistContext
+from common.files import atomic_write
 
 
 class RunRecorder:
@@ -54,10 +54,8 @@ class RunRecorder:
         return row
 
     def save(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / ".metrics.json.tmp"
-        tmp.write_text(json.dumps(self.record, indent=2))
-        os.replace(tmp, self.dir / "metrics.json")
+        with atomic_write(self.dir / "metrics.json", "w") as f:
+            json.dump(self.record, f, indent=2)
         self.plot()
 
     def plot(self) -> None:

@@ -8,13 +8,13 @@ image i is the same whatever the set size (a 3000-image set is a prefix of a 600
 """
 import json
 import math
-import os
 import struct
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from common.files import atomic_write
 
 GENERATOR_VERSION = 1
 FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -105,25 +105,13 @@ def generate(size: int, seed: int, split: str) -> tuple[torch.Tensor, torch.Tens
     return torch.cat(images)[:size].contiguous(), torch.cat(labels)[:size].contiguous()
 
 
-def _write_atomic(path: Path, chunks) -> None:
-    """Write the byte strings in `chunks` to `path` via a temp file in the same folder + os.replace."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; data dirs are often shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_idx(path: Path, data: torch.Tensor) -> None:
     """Write a uint8 tensor as an IDX file: images [N, 28, 28] (magic 2051) or labels [N] (2049)."""
     magic = 2051 if data.dim() == 3 else 2049
     header = struct.pack(">" + "I" * (1 + data.dim()), magic, *data.shape)
-    _write_atomic(Path(path), [header, data.contiguous().numpy().tobytes()])
+    with atomic_write(path) as f:
+        f.write(header)
+        f.write(data.contiguous().numpy().tobytes())
 
 
 def write_synthetic_mnist(root, train_size: int = 60000, test_size: int = 10000, seed: int = 0) -> Path:
@@ -151,7 +139,8 @@ def write_synthetic_mnist(root, train_size: int = 60000, test_size: int = 10000,
         prefix = "train" if split == "train" else "t10k"
         write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
         write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
-    _write_atomic(marker, [json.dumps(params, indent=1).encode() + b"\n"])
+    with atomic_write(marker, "w") as f:
+        f.write(json.dumps(params, indent=1) + "\n")
     return raw
 
 

@@ -4,7 +4,6 @@ import gzip
 import hashlib
 import http.server
 import json
-import os
 import shutil
 import socket
 import struct

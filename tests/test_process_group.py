@@ -1,5 +1,4 @@
 """Real gloo process groups: setup/cleanup, the notebook launcher, SUM reductions, DDP equivalence."""
-import sys
 
 import pytest
 import torch

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from common.checkpoint import load_checkpoint, read_checkpoint
+from common.checkpoint import read_checkpoint
 from common.checkpointer import Checkpointer
 from common.launcher import WorkerError, launch
 from common.model import Net

@@ -41,7 +41,7 @@ def ddp_checkpoint_roundtrip(path, state):
 
     from common.checkpoint import load_checkpoint, save_checkpoint
     from common.model import Net
-    ctx = setup()
+    setup()
     model = Net()
     model.load_state_dict(state)
     ddp = DDP(model)

@@ -1,0 +1,33 @@
+"""Write files all-or-nothing, so a crash or a kill never leaves a half-written file behind."""
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_write(path, mode: str = "wb"):
+    """Yield a file in the same folder as `path`; on success it is flushed to disk and renamed over `path`.
+
+    Readers see the old file or the new one, never a mix. On an exception the temp file is removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; data and run folders are often shared
+        os.replace(tmp, path)  # atomic on POSIX
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
