@@ -12,15 +12,22 @@ import torch
 import torch.distributed as dist
 
 from common.cli import run
-from common.distributed import cleanup, setup
+from common.distributed import init_timeout, launch_env, pick_backend, pick_device, restart_safe_store
 
 
 def main(argv=None):
-    ctx = setup(use_distributed="on")  # a group even of one process, so every call below works
-    rank, world_size, device = ctx.rank, ctx.world_size, ctx.device
+    env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables
+    device = pick_device("auto", env)  # cuda:LOCAL_RANK if there are GPUs, else the CPU
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # this process uses this GPU, and only this one
+    # env:// : every process meets the others at MASTER_ADDR:MASTER_PORT, where rank 0 listens.
+    dist.init_process_group(backend=pick_backend(device), timeout=init_timeout(),  # nccl on GPUs, gloo on CPUs
+                            rank=env.rank, world_size=env.world_size, store=restart_safe_store(env),
+                            device_id=device if device.type == "cuda" else None)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     # One write per line, so the lines of ranks sharing a terminal or log file never interleave.
-    sys.stdout.write(f"host {socket.gethostname()} | rank {rank} of {world_size} | local rank {ctx.local_rank} | "
-                     f"device {device} | backend {ctx.backend}\n")
+    sys.stdout.write(f"host {socket.gethostname()} | rank {rank} of {world_size} | local rank {env.local_rank} | "
+                     f"device {device} | backend {dist.get_backend()}\n")
     sys.stdout.flush()
     result = {"rank": rank, "world_size": world_size, "host": socket.gethostname()}
 
@@ -40,7 +47,7 @@ def main(argv=None):
     result["all_gather"] = [g.item() for g in gathered]
 
     # barrier: nobody passes until everyone has arrived.
-    ctx.barrier()
+    dist.barrier()
 
     expected = {"all_reduce": world_size * (world_size + 1) / 2, "broadcast": 42.0,
                 "all_gather": [float(r) for r in range(world_size)]}
@@ -51,9 +58,9 @@ def main(argv=None):
     result["ok"] = bad.item() == 0
     if failures:
         print(f"rank {rank}: FAILED {', '.join(failures)}", flush=True)
-    if ctx.master_process and result["ok"]:
+    if rank == 0 and result["ok"]:
         print(f"OK: all_reduce, broadcast, all_gather and barrier verified on {world_size} rank(s)", flush=True)
-    cleanup()
+    dist.destroy_process_group()  # leave cleanly: no warning, no hanging sockets
     if not result["ok"]:
         sys.exit(1)
     return result

@@ -3,36 +3,29 @@
 This is the baseline every later lesson changes as little as possible:
     python mnist_singlegpu.py --epochs 1 --data synthetic
 """
-import itertools
-
 import torch
 import torch.nn.functional as F
-import torch.optim as optim
-from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import RandomSampler, SequentialSampler
 
-from common.checkpointer import Checkpointer
+from common.checkpoints import CheckpointDir
 from common.cli import base_parser, parse, run
 from common.data import load_mnist
-from common.distributed import cleanup, setup
-from common.loaders import make_loader
-from common.log import log0, progress
+from common.distributed import pick_device
+from common.files import atomic_save
+from common.loaders import make_loader, steps_per_epoch
+from common.log import log0
 from common.metrics import EpochMeter
 from common.model import Net
-from common.preemption import StopSignal
-from common.profiling import profile_steps
-from common.results import RunRecorder
+from common.optim import make_optimizer, make_scheduler
+from common.profiling import profile_steps, warm_up
+from common.progress import Progress
 
 LESSON = "02_singlegpu_training"
 
 
-def train(args, model, device, train_loader, optimizer, epoch, steps, first_step, stop):
+def train(args, model, device, train_loader, optimizer, scheduler, progress):
     model.train()
-    meter = EpochMeter(device)
-    batches = itertools.islice(train_loader, first_step, steps)  # a resumed epoch skips what it already did
-    for step, (data, target) in enumerate(progress(batches, f"epoch {epoch}", steps - first_step), first_step):
-        if stop.requested(step, device):  # every rank agrees, so none is left waiting in a collective
-            return None, step
+    for data, target in progress.batches(train_loader):  # a restarted epoch skips the batches it already did
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
@@ -40,8 +33,8 @@ def train(args, model, device, train_loader, optimizer, epoch, steps, first_step
         loss = F.nll_loss(output.float(), target)
         loss.backward()
         optimizer.step()
-        meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so epochs average correctly
-    return meter.reduce(), steps
+        scheduler.step()  # the learning rate schedule advances once per optimizer step
+        progress.add_loss(loss, len(data))
 
 
 @torch.no_grad()
@@ -57,6 +50,22 @@ def test(args, model, device, test_loader):
     return meter.reduce()
 
 
+def save_checkpoint(path, model, optimizer, scheduler, progress):
+    """Everything needed to continue: weights, optimizer and schedule state, and how far training got."""
+    state = {"model": model.state_dict(),
+             "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "progress": progress.state_dict()}
+    atomic_save(state, path)  # a temporary file renamed into place: a crash never leaves half a checkpoint
+
+
+def load_checkpoint(path, model, optimizer, scheduler, progress, device):
+    checkpoint = torch.load(path, map_location=device, weights_only=True)  # tensors and plain data, never code
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    scheduler.load_state_dict(checkpoint["scheduler"])
+    progress.load_state_dict(checkpoint["progress"])
+
+
 def main(argv=None):
     parser = base_parser(LESSON, "Lesson 02: MNIST on one GPU (or the CPU)")
     parser.add_argument("--profile", action="store_true",
@@ -65,8 +74,7 @@ def main(argv=None):
     if args.profile:
         args.epochs, args.max_steps = 1, min(args.max_steps or 30, 30)
 
-    ctx = setup(use_distributed="off", device=args.device)  # one process, no process group
-    device = ctx.device
+    device = pick_device(args.device)  # cuda if there is a GPU, else cpu
     torch.manual_seed(args.seed)
     log0(f"lesson 02: 1 process on {device}")
 
@@ -76,36 +84,31 @@ def main(argv=None):
     train_loader = make_loader(train_ds, args.batch_size, train_sampler, device, args.num_workers, args.data_on_device)
     test_loader = make_loader(test_ds, args.test_batch_size, test_sampler, device, args.num_workers,
                               args.data_on_device)
-    steps = min(len(train_loader), args.max_steps or len(train_loader))
 
     model = Net(width=args.width).to(device)
     if args.compile:
         model = torch.compile(model)  # fuses kernels; the first steps pay for compilation
-    optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
-    scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
-    checkpointer = Checkpointer(args.output_dir, LESSON, keep=args.keep_checkpoints)  # rank 0 writes one file
-    start_epoch, first_step = checkpointer.resume(args.resume, model, optimizer, scheduler, device)
-    stop = StopSignal()  # Slurm's SIGUSR1 (time limit near) or SIGTERM (preemption) -> stop at a step boundary
+    optimizer = make_optimizer(args, model.parameters())  # --optimizer, --lr (default: Adadelta, lr 1.0)
+    scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
+    warmup_s = warm_up(model, device, args)  # cuDNN autotune, allocator: timed apart from training
+    progress = Progress(args, LESSON, device, warmup_seconds=warmup_s)
+    checkpoints = CheckpointDir(args.output_dir, args, LESSON)
+    if (path := checkpoints.resume_from(args.resume)) is not None:  # --resume auto: the newest good checkpoint
+        load_checkpoint(path, model, optimizer, scheduler, progress, device)
 
-    recorder = RunRecorder(args.output_dir, LESSON, ctx, args, start_epoch)
-    for epoch in range(start_epoch, args.epochs + 1):
+    for epoch in progress.epochs(args.epochs):
         train_sampler.generator.manual_seed(args.seed + epoch)  # a new, reproducible order each epoch
         if args.profile:
             with profile_steps(device):
-                train(args, model, device, train_loader, optimizer, epoch, steps, 0, stop)
+                train(args, model, device, train_loader, optimizer, scheduler, progress)
             break
-        train_stats, done = train(args, model, device, train_loader, optimizer, epoch, steps, first_step, stop)
-        first_step = 0
-        if train_stats is None:  # a signal: save where we are and let Slurm restart us (--resume auto)
-            checkpointer.save(model, optimizer, scheduler, epoch=epoch - 1, epoch_step=done, args=args)
-            stop.requeue(epoch, done)
-            break
+        train(args, model, device, train_loader, optimizer, scheduler, progress)
         test_stats = test(args, model, device, test_loader)
-        scheduler.step()
-        recorder.add_epoch(epoch, train_stats, test_stats)
-        checkpointer.save(model, optimizer, scheduler, epoch=epoch, args=args)
-    cleanup()
-    return recorder.record  # the numbers of metrics.json, e.g. for a notebook
+        progress.end_epoch(test_stats)  # prints the epoch line, writes metrics.json and curves.png
+        path = checkpoints.path(progress)
+        save_checkpoint(path, model, optimizer, scheduler, progress)
+        checkpoints.prune(path)  # keep the newest --keep-checkpoints
+    return progress.record  # the numbers of metrics.json, e.g. for a notebook
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""Process-group plumbing: how were we launched, which device and backend, init and cleanup.
+"""Launcher plumbing: turn what torchrun or srun tells a process into what init_process_group reads.
 
-Three launch styles are recognised, in this order:
-  torchrun (or any env:// launcher)  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE
-  srun, one task per GPU             SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS
-  a plain `python script.py`         one process, no process group needed
+The lesson scripts call torch.distributed themselves (init_process_group, set_device, barrier,
+destroy_process_group). This module only translates and checks. Three launch styles are recognised:
+  torchrun (or any env:// launcher)  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT
+  srun, one task per GPU             SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_JOB_NODELIST
+  a plain `python script.py`         one process
 """
 from __future__ import annotations
 
@@ -89,8 +90,24 @@ def detect_launch(environ=None) -> LaunchEnv:
     return LaunchEnv("single", 0, 0, 1, 1)
 
 
-def resolve_device(requested: str, local_rank: int, local_world_size: int = 1) -> torch.device:
-    """auto -> cuda:LOCAL_RANK when CUDA is there, else cpu. Global rank never picks the GPU."""
+def launch_env(environ=None) -> LaunchEnv:
+    """detect_launch(), then export what init_process_group's env:// reads (srun sets only SLURM_* names)."""
+    env = os.environ if environ is None else environ
+    launch = detect_launch(env)
+    env.update(RANK=str(launch.rank), WORLD_SIZE=str(launch.world_size), LOCAL_RANK=str(launch.local_rank),
+               LOCAL_WORLD_SIZE=str(launch.local_world_size))
+    env.setdefault("MASTER_ADDR", launch.master_addr or "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(launch.master_port or free_port()))
+    return launch
+
+
+def pick_device(requested: str = "auto", launch: LaunchEnv | None = None) -> torch.device:
+    """auto: a GPU if there is one, else the CPU. Which GPU comes from the LOCAL rank, never the global one.
+
+    Under srun with --gpus-per-task=1 (or --gpu-bind) each task sees exactly ONE GPU, as cuda:0,
+    whatever its local rank: then that GPU is the one.
+    """
+    launch = launch or LaunchEnv("single", 0, 0, 1, 1)
     if requested not in ("auto", "cpu", "cuda"):
         raise CourseError(f"unknown device {requested!r}: use auto, cpu or cuda")
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
@@ -98,15 +115,33 @@ def resolve_device(requested: str, local_rank: int, local_world_size: int = 1) -
     if not torch.cuda.is_available():
         raise CourseError("--device cuda but no CUDA GPU is visible: run on a GPU node or use --device cpu")
     n_gpus = torch.cuda.device_count()
-    if local_rank >= n_gpus or local_world_size > n_gpus:
-        raise CourseError(f"{local_world_size} processes on this node but only {n_gpus} GPU(s) visible: "
+    if launch.launcher == "slurm" and n_gpus == 1:
+        index = 0  # this task's own GPU: Slurm hid the others from it
+    elif launch.local_rank < n_gpus and launch.local_world_size <= n_gpus:
+        index = launch.local_rank
+    else:
+        raise CourseError(f"{launch.local_world_size} processes on this node but only {n_gpus} GPU(s) visible: "
                           f"start at most {n_gpus} per node (--nproc_per_node / --gpus-per-node / --ntasks-per-node)")
-    return torch.device("cuda", local_rank)
+    torch.backends.cudnn.benchmark = True  # fixed input shapes: cuDNN times its convolutions once, keeps the fastest
+    torch.backends.cuda.matmul.fp32_precision = "tf32"  # float32 matmuls on TF32 tensor cores (torch >= 2.9 API)
+    return torch.device("cuda", index)
 
 
-def resolve_backend(requested: str | None, device: torch.device) -> str:
-    """nccl for GPUs, gloo for CPUs; an explicit choice wins if it can work."""
-    backend = requested or ("nccl" if device.type == "cuda" else "gloo")
+def describe_gpu_paths(n_gpus: int) -> str:
+    """How GPU 0 reaches each other GPU: peer to peer (NVLink or PCIe), or through host memory (slow)."""
+    lines = []
+    for other in range(1, n_gpus):
+        if torch.cuda.can_device_access_peer(0, other):
+            lines.append(f"GPU 0 <-> GPU {other}: peer-to-peer access (NVLink or PCIe): direct copies")
+        else:
+            lines.append(f"warning: GPU 0 <-> GPU {other}: no peer access, every copy goes through host memory "
+                         f"and is slow (see `nvidia-smi topo -m`)")
+    return "\n".join(lines)
+
+
+def pick_backend(device: torch.device, requested: str | None = None) -> str:
+    """nccl for GPUs, gloo for CPUs; $DIST_BACKEND (or `requested`) wins if it can work."""
+    backend = requested or os.environ.get("DIST_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
     if backend == "nccl" and device.type != "cuda":
         raise CourseError("backend nccl needs CUDA GPUs: use gloo on CPU (or run on a GPU node)")
     if backend not in ("nccl", "gloo"):
@@ -114,117 +149,29 @@ def resolve_backend(requested: str | None, device: torch.device) -> str:
     return backend
 
 
+def init_timeout() -> datetime.timedelta:
+    """How long a collective may wait for the slowest rank before it fails: $DIST_TIMEOUT_SECONDS or 600 s."""
+    return datetime.timedelta(seconds=float(os.environ.get("DIST_TIMEOUT_SECONDS", DEFAULT_TIMEOUT_S)))
+
+
+def restart_safe_store(launch: LaunchEnv):
+    """None (init_process_group then reads env://), or under torchrun a store with a fresh key space per attempt.
+
+    torchrun keeps ONE key-value store across the restarts of --max-restarts; without a prefix per attempt,
+    a restarted group can read the addresses of the processes that died, and fail to connect.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    store, _, _ = next(dist.rendezvous("env://", launch.rank, launch.world_size, timeout=init_timeout()))
+    return dist.PrefixStore(f"attempt_{attempt}", store)
+
+
 def free_port() -> int:
     """Ask the OS for a free TCP port on this machine."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@dataclass
-class DistContext:
-    """Everything a training script needs to know about the process group it is in."""
-    launch: LaunchEnv
-    device: torch.device
-    backend: str | None  # None when no process group was started
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.backend is not None
-
-    @property
-    def master_process(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self) -> None:
-        barrier()
-
-    def __enter__(self) -> "DistContext":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        cleanup()
-
-
-_current: DistContext | None = None
-
-
-def setup(use_distributed: str = "auto", device: str = "auto", backend: str | None = None,
-          timeout_s: float | None = None, environ=None) -> DistContext:
-    """Detect the launch, pick device/backend, start the process group. Calling it twice is harmless.
-
-    use_distributed: "auto" starts a process group only when world size > 1; "on" always does
-    (a group of one works too, e.g. FSDP on one GPU); "off" never does.
-    """
-    global _current
-    if _current is not None and (dist.is_initialized() or not _current.is_distributed):
-        return _current
-    if use_distributed not in ("auto", "on", "off"):
-        raise CourseError(f"use_distributed={use_distributed!r}: use auto, on or off")
-    env = os.environ if environ is None else environ
-    launch = detect_launch(env)
-    if use_distributed == "off" and launch.world_size > 1:
-        raise CourseError(f"distributed is off but the launcher started {launch.world_size} processes: "
-                          "launch one process or turn distributed on")
-    dev = resolve_device(device, launch.local_rank, launch.local_world_size)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)  # before init, so NCCL and barrier() use this rank's GPU
-        torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN time and pick its fastest convs
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for fp32 matmuls (Ampere and newer)
-    want_group = use_distributed == "on" or (use_distributed == "auto" and launch.world_size > 1)
-    if not want_group:
-        _current = DistContext(launch, dev, None)
-        return _current
-
-    chosen = resolve_backend(backend or env.get("DIST_BACKEND"), dev)
-    if timeout_s is None:
-        timeout_s = float(env.get("DIST_TIMEOUT_SECONDS", DEFAULT_TIMEOUT_S))
-    # torchrun exports MASTER_ADDR/PORT itself; for srun and single processes we export them for env://.
-    os.environ.setdefault("MASTER_ADDR", launch.master_addr or "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(launch.master_port or free_port()))
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = None
-    if "TORCHELASTIC_RESTART_COUNT" in env:
-        # torchrun keeps one key-value store across restarts: give each attempt its own keys,
-        # or a restarted group would read the addresses of the processes that died.
-        store, _, _ = next(dist.rendezvous("env://", launch.rank, launch.world_size, timeout=timeout))
-        store = dist.PrefixStore(f"attempt_{env['TORCHELASTIC_RESTART_COUNT']}", store)
-    try:
-        dist.init_process_group(
-            backend=chosen,
-            init_method=None if store else "env://",
-            store=store,
-            rank=launch.rank,
-            world_size=launch.world_size,
-            timeout=timeout,
-            device_id=dev if dev.type == "cuda" else None,  # binds NCCL to this GPU up front
-        )
-    except RuntimeError as exc:
-        if "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower():
-            port = os.environ["MASTER_PORT"]
-            raise CourseError(f"MASTER_PORT {port} is already in use on {os.environ['MASTER_ADDR']}: pick another, "
-                              f"e.g. MASTER_PORT={free_port()} (torchrun: --master_port or --rdzv_endpoint)") from None
-        raise
-    _current = DistContext(launch, dev, chosen, launch.rank, launch.local_rank, launch.world_size)
-    return _current
-
-
-def cleanup() -> None:
-    """Destroy the process group if there is one. Safe to call any number of times."""
-    global _current
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    _current = None
-
-
-def barrier() -> None:
-    """Wait for every rank; a no-op in a single process. NCCL is told the GPU so it need not guess."""
-    if dist.is_initialized():
-        on_gpu = dist.get_backend() == "nccl"
-        dist.barrier(device_ids=[torch.cuda.current_device()] if on_gpu else None)
 
 
 def get_rank() -> int:
@@ -238,3 +185,15 @@ def get_world_size() -> int:
 def is_main_process() -> bool:
     """True on global rank 0, and in a plain single process."""
     return get_rank() == 0
+
+
+def barrier() -> None:
+    """dist.barrier() when there is a process group; nothing in a single process."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def cleanup() -> None:
+    """Destroy the process group if there is one (e.g. after a worker that failed half-way). Safe to repeat."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

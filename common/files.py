@@ -31,3 +31,10 @@ def atomic_write(path, mode: str = "wb"):
         os.fsync(dir_fd)  # make the rename itself durable
     finally:
         os.close(dir_fd)
+
+
+def atomic_save(obj, path) -> None:
+    """torch.save, all or nothing: a kill mid-save leaves the previous file intact."""
+    import torch
+    with atomic_write(path) as f:
+        torch.save(obj, f)

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Sampler, Subset
 from torchvision.datasets import MNIST
 
 from common.data import MNIST_MEAN, MNIST_STD, loader_kwargs
+from common.errors import CourseError
 
 
 def _as_tensors(dataset) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,3 +60,13 @@ def make_loader(dataset, batch_size: int, sampler: Sampler, device: torch.device
     # Its own generator: creating an iterator then leaves the global RNG (dropout) alone, so resumes are exact.
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=torch.Generator(),
                       **loader_kwargs(device, num_workers))
+
+
+def steps_per_epoch(loader, args) -> int:
+    """Optimizer steps in one epoch: the loader's batches / --grad-accum, capped by --max-steps."""
+    per_step = getattr(args, "grad_accum", 1)
+    steps = min(len(loader) // per_step, args.max_steps or len(loader))
+    if steps == 0:
+        raise CourseError(f"--grad-accum {per_step} needs more batches than this rank's {len(loader)}: "
+                          f"lower it or use more --train-samples")
+    return steps

@@ -37,7 +37,7 @@ def _periodic(iterable: Iterable, desc: str, total: int, every_s: float = 30.0):
             last = time.monotonic()
 
 
-def progress(iterable: Iterable, desc: str = "", total: int | None = None) -> Iterable:
+def progress_bar(iterable: Iterable, desc: str = "", total: int | None = None) -> Iterable:
     """A progress bar (terminal) or periodic lines (log file) on rank 0; the bare iterable elsewhere."""
     if not is_main_process():
         return iterable

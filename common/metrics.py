@@ -41,6 +41,7 @@ class EpochMeter:
         self.correct = torch.zeros((), dtype=torch.int64, device=self.device)
         self.count = 0
         self.start = time.perf_counter()
+        self.seconds = None  # set by stop_clock(); until then reduce() measures up to its own call
 
     def update(self, loss_sum: torch.Tensor, correct: torch.Tensor | int, count: int) -> None:
         """loss_sum: the SUM of per-example losses of a batch (not the mean)."""
@@ -49,9 +50,16 @@ class EpochMeter:
             self.correct += correct
         self.count += count
 
+    def stop_clock(self) -> None:
+        """End the timed part here (e.g. before evaluation); waits for the GPU so the time is real."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.seconds = time.perf_counter() - self.start
+
     def reduce(self) -> dict:
         """Global loss, accuracy, count and images/s over all ranks. Every rank must call it."""
-        seconds = all_reduce_max(time.perf_counter() - self.start, self.device)
+        elapsed = self.seconds if self.seconds is not None else time.perf_counter() - self.start
+        seconds = all_reduce_max(elapsed, self.device)  # the slowest rank sets the pace
         loss_sum, correct, count = all_reduce_sum(
             [self.loss_sum.item(), self.correct.item(), self.count], self.device)
         count = int(count)

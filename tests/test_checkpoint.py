@@ -1,74 +1,96 @@
-"""Checkpoints: full contents, DDP <-> plain round trips, atomic writes, clear errors."""
+"""The checkpoint folder: atomic writes, which checkpoint resumes, keep-last-N, refusing to mix runs."""
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-import workers
-from common.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from common.checkpoints import CheckpointDir, read_progress
 from common.errors import CourseError
-from common.launcher import launch
-from common.model import Net
+from common.files import atomic_save
+from common.progress import Progress
 
 
-def _trained(seed=0):
-    torch.manual_seed(seed)
-    model = Net()
-    opt = torch.optim.Adadelta(model.parameters())
-    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.7)
-    model(torch.randn(4, 1, 28, 28)).sum().backward()
-    opt.step()
-    sched.step()
-    return model, opt, sched
+def run_args(tmp_path, **changes):
+    args = dict(output_dir=str(tmp_path), keep_checkpoints=2, data="synthetic", train_samples=None, width=1,
+                optimizer="adadelta", schedule="step", max_steps=None, target_accuracy=None)
+    return SimpleNamespace(**{**args, **changes})
 
 
-def test_contents_and_plain_round_trip(tmp_path):
-    model, opt, sched = _trained()
-    path = tmp_path / "ck.pt"
-    save_checkpoint(path, model, opt, sched, epoch=2, step=40, args=None, lesson="02")
-    raw = read_checkpoint(path)
-    assert {"model", "optimizer", "scheduler", "epoch", "step", "rng", "args", "lesson"} <= raw.keys()
-    assert not any(k.startswith(("module.", "_orig_mod.")) for k in raw["model"])
-    assert raw["optimizer"]["state"], "optimizer state (Adadelta's running averages) must be saved"
-    fresh, fopt, fsched = Net(), None, None
-    fopt = torch.optim.Adadelta(fresh.parameters())
-    fsched = torch.optim.lr_scheduler.StepLR(fopt, 1, gamma=0.7)
-    ckpt = load_checkpoint(path, fresh, fopt, fsched)
-    assert (ckpt["epoch"], ckpt["step"]) == (2, 40)
-    for (k, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
-        assert torch.equal(a, b), k
-    assert fsched.get_last_lr() == sched.get_last_lr()
-    torch.testing.assert_close(fopt.state_dict()["state"][0]["square_avg"], opt.state_dict()["state"][0]["square_avg"])
+def write(folder: CheckpointDir, args, epoch: int, step: int = 0):
+    """A checkpoint as lessons 02-04 write it, with a Progress at (epoch + 1, step)."""
+    progress = Progress(args, "02", torch.device("cpu"))
+    progress.epoch, progress.step = epoch + 1, step
+    path = folder.path(progress)
+    atomic_save({"model": {}, "progress": progress.state_dict()}, path)
+    folder.prune(path)
+    return path
 
 
-def test_compiled_wrapper_saves_plain_keys(tmp_path):
-    model, _, _ = _trained()
-    wrapped = torch.nn.DataParallel(model)  # on CPU a plain wrapper, but it adds 'module.'
-    save_checkpoint(tmp_path / "dp.pt", wrapped, epoch=1, step=1)
-    assert "conv1.weight" in read_checkpoint(tmp_path / "dp.pt")["model"]
+def names(folder):
+    return [p.name for p in folder.all()]
 
 
-def test_ddp_to_plain_to_ddp(tmp_path):
-    model, _, _ = _trained(seed=3)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    path = tmp_path / "ddp.pt"
-    results = launch(workers.ddp_checkpoint_roundtrip, nprocs=2, args=(str(path), state), timeout_s=120)
-    plain = Net()
-    load_checkpoint(path, plain)  # saved under DDP, loads into a plain model
-    for epoch, loaded in results:  # and back into DDP on every rank
-        assert epoch == 3
-        for k, v in state.items():
-            assert torch.equal(loaded[k], v) and torch.equal(plain.state_dict()[k], v)
+def test_names_sort_by_progress_and_keep_last_n(tmp_path):
+    args = run_args(tmp_path)
+    folder = CheckpointDir(tmp_path, args, "02")
+    for epoch in (1, 2, 3):
+        write(folder, args, epoch)
+    write(folder, args, 3, step=40)  # a mid-epoch save after a signal
+    assert names(folder) == ["ckpt-e0003-s0000040.pt", "ckpt-e0003-s0000000.pt"]
+    state = read_progress(folder.all()[0])
+    assert (state["epoch"], state["step"], state["run"]["width"]) == (4, 40, 1)
 
 
-def test_truncated_and_foreign_files_are_one_line_errors(tmp_path):
-    model, opt, _ = _trained()
-    good = tmp_path / "good.pt"
-    save_checkpoint(good, model, opt, epoch=1, step=1)
+def test_keep_last_n_never_deletes_the_checkpoint_just_written(tmp_path):
+    args = run_args(tmp_path)
+    folder = CheckpointDir(tmp_path, args, "02")
+    for epoch in (5, 6):
+        write(folder, args, epoch)
+    just = write(folder, args, 2)  # resumed from an explicit older checkpoint into the same folder
+    assert just.exists() and names(folder) == ["ckpt-e0006-s0000000.pt", "ckpt-e0002-s0000000.pt"]
+
+
+def test_a_fresh_run_refuses_an_earlier_runs_checkpoints(tmp_path):
+    args = run_args(tmp_path)
+    folder = CheckpointDir(tmp_path, args, "02")
+    assert folder.resume_from(None) is None  # empty: a fresh run is fine
+    write(folder, args, 14)
+    with pytest.raises(CourseError, match="earlier run: continue it with --resume auto, or .* another --output-dir"):
+        folder.resume_from(None)
+
+
+def test_resume_refuses_an_incompatible_run_naming_what_differs(tmp_path):
+    args = run_args(tmp_path)
+    write(CheckpointDir(tmp_path, args, "02"), args, 1)
+    other = run_args(tmp_path, width=2, train_samples=1000)
+    with pytest.raises(CourseError) as info:
+        CheckpointDir(tmp_path, other, "02").resume_from("auto")
+    message = str(info.value)
+    assert "width 1 there, 2 here" in message and "train_samples None there, 1000 here" in message
+    assert "\n" not in message
+    with pytest.raises(CourseError, match="lesson '02' there, '04' here"):
+        CheckpointDir(tmp_path, args, "04").resume_from("auto")
+
+
+def test_resume_auto_skips_a_broken_newest_and_starts_fresh_when_empty(tmp_path, capsys):
+    args = run_args(tmp_path)
+    folder = CheckpointDir(tmp_path, args, "02")
+    assert folder.resume_from("auto") is None and "starting fresh" in capsys.readouterr().out
+    good = write(folder, args, 3)
+    broken = write(folder, args, 4)
+    broken.write_bytes(broken.read_bytes()[:1000])  # as if the disk filled up mid-write
+    assert folder.resume_from("auto") == good
+    assert "skipping" in capsys.readouterr().out
+
+
+def test_unreadable_checkpoints_are_one_line_errors(tmp_path):
+    args = run_args(tmp_path)
+    good = write(CheckpointDir(tmp_path / "run", args, "02"), args, 1)
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     foreign = tmp_path / "foreign.pt"
@@ -76,28 +98,24 @@ def test_truncated_and_foreign_files_are_one_line_errors(tmp_path):
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint at all")
     for path, message in [(truncated, "not a readable checkpoint"), (junk, "not a readable checkpoint"),
-                          (foreign, "not written by this course"), (tmp_path, "is a folder"),
-                          (tmp_path / "missing.pt", "does not exist")]:
+                          (foreign, "not a readable checkpoint"), (tmp_path / "missing.pt", "does not exist")]:
         with pytest.raises(CourseError, match=message) as info:
-            load_checkpoint(path, Net())
+            read_progress(path)
         assert "\n" not in str(info.value) and str(path) in str(info.value)
-    with pytest.raises(CourseError, match="model of another shape.*--width"):
-        load_checkpoint(good, Net(width=2))
 
 
 WRITER = textwrap.dedent("""
     import sys, torch
-    from common.checkpoint import save_checkpoint
+    from common.files import atomic_save
     from common.model import Net
     # A big model makes the write slow enough to be killed in the middle.
-    save_checkpoint(sys.argv[1], Net(width=12), epoch=9, step=9)
+    atomic_save({"model": Net(width=12).state_dict()}, sys.argv[1])
 """)
 
 
 def test_writer_killed_mid_save_leaves_previous_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.pt"
-    model, opt, _ = _trained()
-    save_checkpoint(path, model, opt, epoch=1, step=10)
+    atomic_save({"epoch": 1}, path)
     before = path.read_bytes()
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)])
     deadline = time.monotonic() + 60
@@ -108,4 +126,4 @@ def test_writer_killed_mid_save_leaves_previous_checkpoint(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert path.read_bytes() == before
-    assert load_checkpoint(path, Net())["epoch"] == 1
+    assert torch.load(path, weights_only=True) == {"epoch": 1}

@@ -1,7 +1,7 @@
 """Launch detection: torchrun, Slurm (with its host-list syntax) and a single process."""
 import pytest
 
-from common.distributed import detect_launch, resolve_backend, resolve_device, slurm_master_port
+from common.distributed import LaunchEnv, detect_launch, launch_env, pick_backend, pick_device, slurm_master_port
 from common.errors import CourseError
 from common.hostlist import expand_hostlist
 
@@ -71,18 +71,41 @@ def test_inconsistent_env_is_one_clear_error(env, message):
 
 
 def test_device_and_backend_on_cpu():
-    assert resolve_device("auto", local_rank=0).type == "cpu"  # no GPU here
-    assert resolve_backend(None, resolve_device("cpu", 0)) == "gloo"
+    assert pick_device("auto").type == "cpu"  # no GPU here
+    assert pick_backend(pick_device("cpu")) == "gloo"
     with pytest.raises(CourseError, match="nccl needs CUDA"):
-        resolve_backend("nccl", resolve_device("cpu", 0))
+        pick_backend(pick_device("cpu"), "nccl")
     with pytest.raises(CourseError, match="no CUDA GPU"):
-        resolve_device("cuda", 0)
+        pick_device("cuda")
+
+
+def fake_gpus(monkeypatch, count):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
 
 
 def test_more_local_ranks_than_gpus(monkeypatch):
-    import torch
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert str(resolve_device("auto", 1, 2)) == "cuda:1"
+    fake_gpus(monkeypatch, 2)
+    assert str(pick_device("auto", LaunchEnv("torchrun", 1, 1, 2, 2))) == "cuda:1"
     with pytest.raises(CourseError, match="4 processes on this node but only 2 GPU"):
-        resolve_device("auto", 3, 4)
+        pick_device("auto", LaunchEnv("torchrun", 3, 3, 4, 4))
+
+
+def test_srun_task_bound_to_one_gpu_uses_it_whatever_its_local_rank(monkeypatch):
+    # srun --ntasks-per-node=4 --gpus-per-task=1: each task sees only its own GPU, as cuda:0.
+    fake_gpus(monkeypatch, 1)
+    assert str(pick_device("auto", LaunchEnv("slurm", 7, 3, 8, 4))) == "cuda:0"
+    # torchrun's processes all see the same GPUs: two of them on one GPU is a mistake, not a binding.
+    with pytest.raises(CourseError, match="2 processes on this node but only 1 GPU"):
+        pick_device("auto", LaunchEnv("torchrun", 1, 1, 2, 2))
+
+
+def test_launch_env_exports_what_env_init_reads():
+    env = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)",
+           "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "42"}
+    launch_env(env)
+    assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                "MASTER_PORT")} == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                                                    "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "n1",
+                                                    "MASTER_PORT": str(slurm_master_port(42))}

@@ -1,46 +1,11 @@
-"""Real gloo process groups: setup/cleanup, the notebook launcher, SUM reductions, DDP equivalence."""
-
+"""Real gloo process groups: the notebook launcher, SUM reductions, DDP equivalence."""
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 import workers
-from common.distributed import cleanup, free_port, setup
-from common.errors import CourseError
 from common.launcher import WorkerError, launch
 from common.model import Net
-
-
-def test_single_process_needs_no_group():
-    with setup() as ctx:
-        assert (ctx.rank, ctx.world_size, ctx.is_distributed, ctx.master_process) == (0, 1, False, True)
-        assert not dist.is_initialized()
-        assert setup() is ctx  # idempotent
-    cleanup()  # a second cleanup is harmless
-
-
-def test_group_of_one_when_forced_on(monkeypatch):
-    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    with setup(use_distributed="on", timeout_s=30) as ctx:
-        assert dist.is_initialized() and ctx.backend == "gloo" and ctx.world_size == 1
-        assert setup(use_distributed="on") is ctx
-    assert not dist.is_initialized()
-
-
-def test_nccl_without_cuda_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    with pytest.raises(CourseError, match="nccl needs CUDA"):
-        setup(use_distributed="on", backend="nccl")
-    cleanup()
-
-
-def test_off_under_a_multi_process_launch_is_refused():
-    with pytest.raises(CourseError, match="distributed is off"):
-        setup(use_distributed="off", environ={"RANK": "0", "WORLD_SIZE": "2"})
-    cleanup()
 
 
 def test_launcher_returns_each_ranks_result():

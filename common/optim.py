@@ -1,0 +1,49 @@
+"""The training recipe as flags: optimizer, learning-rate scaling with the number of processes, schedule.
+
+Large batches need their own recipe. With N processes of B images each and G accumulation steps,
+one optimizer step sees N x B x G images (the effective batch), so there are N x G times fewer
+steps per epoch. The linear scaling rule (Goyal et al., 2017) multiplies the learning rate by
+N x G to make up for it, with a warm-up because a large lr at the start diverges; "sqrt" is the
+gentler rule often used with Adam-type optimizers. The schedule steps once per OPTIMIZER STEP.
+"""
+from __future__ import annotations
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR, OneCycleLR
+
+DEFAULT_LR = {"adadelta": 1.0, "adamw": 1e-3, "sgd": 0.05}
+
+
+def scaled_lr(args, world_size: int = 1) -> float:
+    """--lr (or the optimizer's default) times the --lr-scaling factor of processes x accumulation steps."""
+    lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
+    factor = world_size * getattr(args, "grad_accum", 1)
+    return lr * {"none": 1.0, "linear": factor, "sqrt": factor ** 0.5}[args.lr_scaling]
+
+
+def make_optimizer(args, params, world_size: int = 1) -> torch.optim.Optimizer:
+    lr = scaled_lr(args, world_size)
+    if args.optimizer == "adadelta":
+        return torch.optim.Adadelta(params, lr=lr)  # the classic MNIST example's choice
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True)
+
+
+def make_scheduler(args, optimizer, steps_per_epoch: int):
+    """A per-step schedule: "step" decays by --gamma every epoch, "onecycle" rises then anneals over all epochs.
+
+    --warmup-steps ramps the lr linearly from ~0 over the first steps (for "onecycle" it sets how long the
+    rise takes; by default a quarter of the run).
+    """
+    total = args.epochs * steps_per_epoch
+    if args.schedule == "onecycle":
+        rise = args.warmup_steps / total if args.warmup_steps else 0.25
+        return OneCycleLR(optimizer, max_lr=[g["lr"] for g in optimizer.param_groups], total_steps=total,
+                          pct_start=min(max(rise, 1 / total), 0.99))
+    warmup = max(args.warmup_steps, 0)
+
+    def factor(step: int) -> float:  # step = optimizer steps taken so far
+        ramp = min(1.0, (step + 1) / warmup) if warmup else 1.0
+        return ramp * args.gamma ** (step // steps_per_epoch)
+    return LambdaLR(optimizer, factor)
