@@ -23,6 +23,7 @@ test: setup
 test-slurm: setup
 	REQUIRE_SLURM=1 $(PY) -m pytest tests/test_slurm_cluster.py tests/test_slurm_lessons.py tests/test_slurm_preemption.py -v
 
+DEMO_FLAGS ?= --epochs 2 --train-samples 12000
 # The course's main job on CPU: lesson 04, DDP with 2 gloo processes. Real MNIST when it is in
 # ./data or can be downloaded; otherwise the synthetic digits, and it says so.
 demo: setup
@@ -30,11 +31,12 @@ demo: setup
 	else data=synthetic; echo "NOTICE: MNIST is not in ./data and could not be downloaded:" \
 	  "this demo trains on SYNTHETIC digits (get the real set: python 01_setup/download_mnist.py)"; fi; \
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=2 \
-	  04_ddp_training/mnist_ddpmodel.py --data $$data --data-dir data --epochs 2 \
-	  --train-samples 12000 --num-workers 0 --output-dir runs/demo
+	  04_ddp_training/mnist_ddpmodel.py --data $$data --data-dir data $(DEMO_FLAGS) \
+	  --num-workers 0 --output-dir runs/demo
 	@echo "metrics: runs/demo/metrics.json, curves: runs/demo/curves.png"
 
-# GPU benchmark of every lesson on 1, 2 (4, 8) GPUs: docs/benchmarks.md and plots. CPU smoke mode: BENCH_ARGS=--quick
+# GPU benchmarks on real MNIST (BENCH_ARGS="--data-dir DIR", default ./data), 1, 2 (4, 8) GPUs, every suite (~13 min;
+# split with --suite, list with --plan): docs/benchmarks.md, .json and plots. CPU smoke mode: BENCH_ARGS=--quick
 bench: setup
 	$(PY) benchmarks/bench.py $(BENCH_ARGS)
 

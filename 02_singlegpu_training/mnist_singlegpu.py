@@ -90,7 +90,7 @@ def main(argv=None):
         model = torch.compile(model)  # fuses kernels; the first steps pay for compilation
     optimizer = make_optimizer(args, model.parameters())  # --optimizer, --lr (default: Adadelta, lr 1.0)
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
-    warmup_s = warm_up(model, device, args)  # cuDNN autotune, allocator: timed apart from training
+    warmup_s = warm_up(model, optimizer, train_loader, device, args)  # one-off costs, timed apart, then undone
     progress = Progress(args, LESSON, device, warmup_seconds=warmup_s)
     checkpoints = CheckpointDir(args.output_dir, args, LESSON)
     if (path := checkpoints.resume_from(args.resume)) is not None:  # --resume auto: the newest good checkpoint

@@ -87,6 +87,7 @@ def main(argv=None):
     if args.compile:
         model = torch.compile(model)  # fuses kernels; the first steps pay for compilation
     model = nn.DataParallel(model)  # --batch-size is split across the GPUs at every step (on CPU: a no-op)
+    torch.backends.cudnn.benchmark = False  # DP's threads are new at every step; cuDNN autotunes per thread
     if n_gpus > 1:
         log0(f"lesson 03: 1 process, nn.DataParallel over {n_gpus} GPUs, {args.batch_size // n_gpus} images per GPU")
         log0(describe_gpu_paths(n_gpus))  # DataParallel copies to and from GPU 0 at every step
@@ -94,7 +95,7 @@ def main(argv=None):
         log0(f"lesson 03: DataParallel needs 2+ GPUs and does nothing on {device}: running as one process")
     optimizer = make_optimizer(args, model.parameters())  # --optimizer, --lr (default: Adadelta, lr 1.0)
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
-    warmup_s = warm_up(model, device, args)  # cuDNN autotune, allocator: timed apart from training
+    warmup_s = warm_up(model, optimizer, train_loader, device, args)  # one-off costs, timed apart, then undone
     progress = Progress(args, LESSON, device, warmup_seconds=warmup_s)
     checkpoints = CheckpointDir(args.output_dir, args, LESSON)
     if (path := checkpoints.resume_from(args.resume)) is not None:  # --resume auto: the newest good checkpoint

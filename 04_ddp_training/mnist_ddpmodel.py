@@ -131,7 +131,7 @@ def main(argv=None):
          f"effective batch {args.batch_size * args.grad_accum * world_size}")
     optimizer = make_optimizer(args, model.parameters(), world_size)  # --lr-scaling uses the world size
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
-    warmup_s = warm_up(model, device, args)  # cuDNN autotune, allocator: timed apart from training
+    warmup_s = warm_up(model, optimizer, train_loader, device, args)  # one-off costs, timed apart, then undone
     progress = Progress(args, LESSON, device, world_size, warmup_seconds=warmup_s)
     progress.stop_on(signal.SIGUSR1, signal.SIGTERM)  # Slurm: time limit near, or preemption
     checkpoints = CheckpointDir(args.output_dir, args, LESSON)

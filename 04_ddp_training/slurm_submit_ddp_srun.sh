@@ -8,13 +8,16 @@
 #
 # Arguments after the script name go to mnist_ddpmodel.py. Log: logs/ddp-srun-<jobid>.out;
 # metrics and checkpoints: runs/ddp-srun-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
-# World size = nodes x tasks per node. Keep --ntasks-per-node equal to --gpus-per-node.
+# World size = nodes x tasks per node. Keep --ntasks-per-node equal to --gpus-per-node. Sites that bind
+# one GPU to each task: add --gpus-per-task=1 (below, or on the sbatch line); each task then sees only its
+# own GPU, as cuda:0, and the training code uses that one whatever its local rank.
 # The same job with torchrun: slurm_submit_ddp_multinode.sh. Help and troubleshooting: slurm/README.md.
 #SBATCH --job-name=ddp-srun
 #SBATCH --nodes=2                  # nodes
 #SBATCH --ntasks-per-node=2        # ONE task per GPU: srun starts every training process itself
 #SBATCH --gpus-per-node=2          # keep equal to --ntasks-per-node
 ##SBATCH --gres=gpu:2              # sites that do not know --gpus-per-node: use this line instead
+##SBATCH --gpus-per-task=1         # sites that want each task bound to one GPU: switch this line on too
 #SBATCH --cpus-per-task=4          # per process: DataLoader workers = this - 1
 #SBATCH --time=00:30:00
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
@@ -24,49 +27,23 @@
 #SBATCH --signal=USR1@120          # raise the 120 if saving a checkpoint takes longer than a minute
 #SBATCH --requeue                  # the job may go back to the queue: on preemption, or by itself on SIGUSR1
 #SBATCH --open-mode=append         # a requeued run appends to the same log instead of overwriting it
-# ================================ SITE SECTION ================================
-# The only part that differs between clusters. It is the same in every script of the course:
-# edit it once and copy it. Or leave it alone and set what you need when you submit, e.g.
-#     VENV=$HOME/envs/torch sbatch -A my_account -p gpu 04_ddp_training/slurm_submit_ddp.sh
-# Account and partition: #SBATCH lines cannot read variables, so either delete ONE '#' below
-# to switch a line on, or pass them to sbatch (-A/--account, -p/--partition) as above.
-##SBATCH --account=my_account
-##SBATCH --partition=my_gpu_partition
-set -euo pipefail  # the first command of the script: sbatch ignores #SBATCH lines below it
-COURSE_DIR=${COURSE_DIR:-}  # the course folder (holds common/); empty: searched upwards from where you ran sbatch
-MODULES=${MODULES:-}        # modules to load, e.g. "cuda/12.4 python/3.11" (`module avail`); empty: none
-CONDA_ENV=${CONDA_ENV:-}    # conda environment to activate (name or path); empty: none
-VENV=${VENV:-}              # virtualenv folder to activate; empty: $COURSE_DIR/.venv if it exists and no CONDA_ENV
-WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-}  # folder holding MNIST/raw; empty: $COURSE_DIR/data
-OUTPUT_ROOT=${OUTPUT_ROOT:-}              # folder for the runs' metrics and checkpoints; empty: $COURSE_DIR/runs
-# Debugging and network settings, off by default; uncomment one when its situation arises:
-# export NCCL_DEBUG=INFO                   # NCCL error or hang at start: each rank prints the GPUs, network and transport NCCL chose
-# export NCCL_DEBUG_SUBSYS=INIT,NET        # with NCCL_DEBUG=INFO, when its output is too long: only the init and network lines
-# export NCCL_SOCKET_IFNAME=ib0            # multi-node hang at init: the interface the nodes reach each other on (`ip -br addr`)
-# export GLOO_SOCKET_IFNAME=ib0            # the same for gloo (CPU runs); never lo when there is more than one node
-# export NCCL_IB_DISABLE=1                 # InfiniBand errors, or no working IB: use TCP sockets (slower; tells IB from the rest)
-# export TORCH_DISTRIBUTED_DEBUG=DETAIL    # ranks calling different collectives (hang, shape error): checks every call (slow)
-# export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 # a rank died and the rest hang until timeout: abort them all (default in PyTorch >= 2.2)
-# export DIST_TIMEOUT_SECONDS=120          # this course's process-group timeout (default 600 s): fail sooner while debugging
-# ============================== END OF SITE SECTION =============================
-
-# ---- Nothing below needs editing. -------------------------------------------------------------
-[ -n "${SLURM_JOB_ID:-}" ] || { echo "error: not inside a Slurm job: submit it with sbatch $0 ..." >&2; exit 1; }
-# What every script of the course does first is in slurm/job_env.sh. sbatch runs a COPY of this script
-# from a spool folder, so its own path ($0) says nothing: go up from where sbatch was run to find it.
-if [ -z "$COURSE_DIR" ]; then COURSE_DIR=$SLURM_SUBMIT_DIR
-    while [ "$COURSE_DIR" != / ] && [ ! -f "$COURSE_DIR/slurm/job_env.sh" ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
-fi
+set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
+# Site settings (modules, Python environment, data, debugging) are in slurm/site.sh. sbatch runs a COPY of this
+# script from a spool folder, so the course is found from where you ran sbatch, upwards (or set COURSE_DIR).
+COURSE_DIR=${COURSE_DIR:-${SLURM_SUBMIT_DIR:?not inside a Slurm job: submit it with sbatch}}
+while [ ! -f "$COURSE_DIR/slurm/job_env.sh" ] && [ "$COURSE_DIR" != / ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
 [ -f "$COURSE_DIR/slurm/job_env.sh" ] || { echo "error: no course folder (one holding slurm/job_env.sh) in COURSE_DIR" \
     "or at or above $SLURM_SUBMIT_DIR: run sbatch from inside the course, or set COURSE_DIR=/path/to/it" >&2; exit 1; }
-source "$COURSE_DIR/slurm/job_env.sh"  # environment, PYTHONPATH, MASTER_ADDR/PORT, OUTPUT_DIR; prints the header
+source "$COURSE_DIR/slurm/job_env.sh"  # slurm/site.sh, the environment, MASTER_ADDR/PORT, OUTPUT_DIR; prints the header
 
 GPUS_ON_NODE=${SLURM_GPUS_ON_NODE:-0}
 if (( GPUS_ON_NODE > 0 )) && [ "${SLURM_NTASKS_PER_NODE:-$GPUS_ON_NODE}" != "$GPUS_ON_NODE" ]; then
     echo "warning: $SLURM_NTASKS_PER_NODE tasks per node but $GPUS_ON_NODE GPUs per node: this style wants one task per GPU" >&2
 fi
-echo "== tasks ${SLURM_NTASKS:-?} (one per GPU) -> world size ${SLURM_NTASKS:-?} | GPUs per node $GPUS_ON_NODE | CPUs per task ${SLURM_CPUS_PER_TASK:-1}"
+echo "== tasks ${SLURM_NTASKS:-?} (one per GPU) -> world size ${SLURM_NTASKS:-?} | GPUs per node $GPUS_ON_NODE" \
+     "${SLURM_GPUS_PER_TASK:+(per task $SLURM_GPUS_PER_TASK) }| CPUs per task ${SLURM_CPUS_PER_TASK:-1}"
 echo "== rendezvous $MASTER_ADDR:$MASTER_PORT (env://, rank 0 listens)"
+show_tasks  # one line per task: its node, local rank and the GPUs it sees
 
 # --cpus-per-task again: from Slurm 22.05 on, srun may not inherit it from sbatch.
 # --resume auto: continue from the newest checkpoint in OUTPUT_DIR (after a requeue), else start fresh.

@@ -1,10 +1,12 @@
 """Where the time goes: torch.profiler around a few steps, and a warm-up that keeps one-off costs out of the clock."""
 from __future__ import annotations
 
+import copy
 import time
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -27,26 +29,34 @@ def profile_steps(device: torch.device, rows: int = 12):
           f"waiting for the DataLoader, the rest in forward/backward/optimizer", flush=True)
 
 
-def warm_up(model, device: torch.device, args, steps: int = 3) -> float:
-    """A few forward/backward passes on random images of the training batch shape; returns their seconds.
+def warm_up(model, optimizer, train_loader, device: torch.device, args, steps: int = 2) -> float:
+    """A few real training steps on random images, then everything put back; returns their seconds.
 
-    The first steps of a fresh process pay one-off costs: cuDNN tries its convolution algorithms,
-    the caching allocator grows, NCCL connects on its first all_reduce (under DDP), torch.compile
-    compiles. Paying them here keeps them out of the timed epochs; the result is reported, not hidden.
-    Eval mode (no dropout, BatchNorm statistics untouched) and no optimizer step: the weights and the
-    random-number streams are exactly as before, so results do not change.
+    The first steps of a fresh process pay one-off costs: CUDA loads each kernel on its first use,
+    cuDNN times its convolution algorithms for every new input shape (the last, smaller batch of an
+    epoch is a second shape), the caching allocator grows, the optimizer creates its state, NCCL
+    connects on its first all_reduce. Paying them here keeps them out of the timed epochs; the
+    caller reports the seconds, they are not hidden. Weights, optimizer state and random-number
+    streams are restored exactly, so the results of the run do not change.
     """
     start = time.perf_counter()
-    was_training = model.training
-    model.eval()
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    optimizer_state = copy.deepcopy(optimizer.state_dict())
+    last = len(train_loader.sampler) % args.batch_size  # the epoch's last batch is smaller: another shape
     generator = torch.Generator().manual_seed(0)
-    images = torch.randn(args.batch_size, 1, 28, 28, generator=generator).to(device)
-    for _ in range(steps):
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
-            output = model(images)
-        output.float().sum().backward()
-    model.zero_grad(set_to_none=True)
-    model.train(was_training)
+    with torch.random.fork_rng(devices=[device.index] if device.type == "cuda" else []):
+        model.train()
+        for size in {args.batch_size, last or args.batch_size}:
+            for _ in range(steps):
+                images = torch.randn(size, 1, 28, 28, generator=generator).to(device)
+                labels = torch.randint(0, 10, (size,), generator=generator).to(device)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+                    output = model(images)
+                F.nll_loss(output.float(), labels).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+    model.load_state_dict(weights)
+    optimizer.load_state_dict(optimizer_state)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start

@@ -47,8 +47,11 @@ class Progress:
         self.signal = 0  # this rank's signal: 0 none, 1 SIGTERM, 2 SIGUSR1 (MAX over ranks: SIGUSR1 wins)
         self._saved_handlers: dict = {}
         self._meter = None
-        rank, _, step = os.environ.get("FAIL_AT_STEP", "").partition(":")  # RANK:STEP, for tests and exercises
-        self.fail_at = (int(rank), int(step)) if step else None
+        # For tests and exercises: FAIL_AT_STEP=RANK:STEP makes one rank raise at that step of the first epoch
+        # it trains; RANK:STEP:USR1 (TERM, KILL) makes it send itself that signal there instead, as Slurm would.
+        rank, step, sig = (os.environ.get("FAIL_AT_STEP", "").split(":") + ["", ""])[:3]
+        once = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # not again after torchrun restarts us
+        self.fail_at = (int(rank), int(step), sig) if step and once else None
         self.record = {
             "lesson": lesson, "world_size": world_size, "backend": dist.get_backend() if dist.is_initialized() else None,
             "device": device.type, "torch_version": torch.__version__, "args": args_to_dict(args),
@@ -124,8 +127,11 @@ class Progress:
         self.signal = max(self.signal, 2 if signum == signal.SIGUSR1 else 1)
 
     def _stop_agreed(self) -> bool:
-        if self.fail_at == (get_rank(), self.step):
-            raise RuntimeError(f"FAIL_AT_STEP: rank {get_rank()} fails at step {self.step} on purpose")
+        if self.fail_at and self.fail_at[:2] == (get_rank(), self.step):
+            if not self.fail_at[2]:
+                raise RuntimeError(f"FAIL_AT_STEP: rank {get_rank()} fails at step {self.step} on purpose")
+            os.kill(os.getpid(), getattr(signal, "SIG" + self.fail_at[2]))
+            self.fail_at = None
         if not self._saved_handlers or self.step % self.CHECK_EVERY:
             return False
         flag = torch.tensor([float(self.signal)], device=self.device)

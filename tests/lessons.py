@@ -15,10 +15,10 @@ SCRIPTS = {
 }
 
 
-def run_script(lesson: str, *args, nproc: int | None = None, timeout: int = 300, env=None, cwd=None):
-    """python SCRIPT ARGS, or torchrun --standalone --nproc_per_node=N SCRIPT ARGS when nproc is given."""
+def run_script(lesson: str, *args, nproc: int | None = None, timeout: int = 300, env=None, cwd=None, extra=()):
+    """python SCRIPT ARGS, or torchrun --standalone --nproc_per_node=N [EXTRA] SCRIPT ARGS when nproc is given."""
     launcher = [sys.executable] if nproc is None else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *extra]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(launcher + [str(SCRIPTS[lesson]), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd or ROOT)

@@ -62,52 +62,15 @@ def test_05_checkpoint_from_2_ranks_loads_identically_on_3(small, tmp_path):
     assert all(torch.equal(loaded[k], v) for k, v in saved.items())
 
 
-def children(pid):
-    """PIDs whose parent is pid (the workers that torchrun started)."""
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        kids.append(int(entry))
-            except (OSError, IndexError):
-                pass
-    return kids
-
-
-def start_and_hit_worker(args, out_dir, sig, extra=(), timeout=240):
-    """Start lesson 04 under torchrun, wait for epoch 1's checkpoint, send `sig` to one worker, wait for the end."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *extra,
-           str(SCRIPTS["04"]), *map(str, args)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("epoch 1 |"):
-            while not (out_dir / "checkpoints" / "ckpt-e0001-s0000000.pt").exists():
-                time.sleep(0.05)
-            workers = children(proc.pid)
-            assert workers, "no worker processes found"
-            os.kill(max(workers), sig)
-            break
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    return proc.returncode, "".join(lines) + out
-
-
 def test_sigusr1_mid_epoch_stops_all_ranks_saves_and_resumes_exactly(small, tmp_path):
     whole, hit = tmp_path / "whole", tmp_path / "hit"
     args = [*small, "--train-samples", 1600, "--epochs", 3]
     assert_clean(run_script("04", *args, "--output-dir", whole, nproc=2))
-    code, out = start_and_hit_worker([*args, "--output-dir", hit], hit, signal.SIGUSR1)
-    assert code == 0, out[-3000:]
-    assert "preempted: " in out and "checkpoint saved; not a Slurm job" in out, out[-3000:]
-    assert "epoch 3 |" not in out
+    # Rank 1 alone gets SIGUSR1 at step 12 of epoch 1; all ranks agree at the next check (step 20) and stop.
+    proc = run_script("04", *args, "--output-dir", hit, nproc=2, env={"FAIL_AT_STEP": "1:12:USR1"})
+    assert_clean(proc)
+    assert "preempted: SIGUSR1 at epoch 1 step 20, checkpoint saved; not a Slurm job" in proc.stdout, proc.stdout
+    assert [p.name for p in (hit / "checkpoints").iterdir()] == ["ckpt-e0000-s0000020.pt"]
     proc = run_script("04", *args, "--output-dir", hit, "--resume", "auto", nproc=2)
     assert_clean(proc)
     assert [e["epoch"] for e in metrics(hit)["epochs"]] == [1, 2, 3]  # every epoch exactly once
@@ -116,10 +79,13 @@ def test_sigusr1_mid_epoch_stops_all_ranks_saves_and_resumes_exactly(small, tmp_
 
 
 def test_elastic_restart_after_a_worker_is_killed(small, tmp_path):
-    args = [*small, "--train-samples", 1600, "--epochs", 3, "--output-dir", tmp_path, "--resume", "auto"]
-    code, out = start_and_hit_worker(args, tmp_path, signal.SIGKILL, extra=["--max-restarts=1"])
-    assert code == 0, out[-3000:]
-    assert "resume: from" in out  # the restarted group picked up the last checkpoint
+    args = [*small, "--train-samples", 1600, "--output-dir", tmp_path]
+    assert_clean(run_script("04", *args, "--epochs", 1, nproc=2))
+    # Epoch 2: rank 1 is SIGKILLed at step 12; torchrun restarts the whole group once, which resumes from epoch 1.
+    proc = run_script("04", *args, "--epochs", 3, "--resume", "auto", nproc=2, extra=["--max-restarts=1"],
+                      env={"FAIL_AT_STEP": "1:12:KILL"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("resume: from") == 2, proc.stdout  # the first attempt and the restarted one
     assert [e["epoch"] for e in metrics(tmp_path)["epochs"]] == [1, 2, 3]
 
 

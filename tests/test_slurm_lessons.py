@@ -10,6 +10,8 @@ The test varies only what a learner varies without editing a script:
                    GPU GRES the test nodes declare (the "GPUs" are /dev/null: no CUDA, so gloo).
   trailing args    --device cpu --data synthetic, a few steps, an output folder per job (it comes after
                    the scripts' own --output-dir and wins; OUTPUT_ROOT also points that one to tmp).
+  GPU binding      the srun-style DDP job gets --gpus-per-task=1, as many sites require: each task then sees
+                   one GPU of its node (CUDA_VISIBLE_DEVICES), whatever its local rank.
 All jobs are submitted at once, then each test waits for its own; the cluster runs them as its
 2 nodes x (2 CPUs, 2 GPUs) allow. A failed job shows its log and the Slurm daemon logs.
 """
@@ -58,13 +60,6 @@ def directives(script_text):
     return found
 
 
-def site_section(script_text):
-    lines = script_text.splitlines()
-    start = next(i for i, l in enumerate(lines) if re.fullmatch(r"# =+ SITE SECTION =+", l))
-    end = next(i for i, l in enumerate(lines) if re.fullmatch(r"# =+ END OF SITE SECTION =+", l))
-    return "\n".join(lines[start:end + 1])
-
-
 # ---- static checks: no cluster needed ----------------------------------------------------------
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_is_valid_bash_with_consistent_directives(name):
@@ -76,8 +71,8 @@ def test_script_is_valid_bash_with_consistent_directives(name):
     body = path.read_text()
     d = directives(body)
     assert d["--output"] == "logs/%x-%j.out" and "--job-name" in d and "--time" in d
-    assert "--account" not in d and "--partition" not in d  # site-neutral: commented out ...
-    assert "##SBATCH --account=" in body and "##SBATCH --partition=" in body  # ... but shown
+    # site-neutral: account and partition come from SBATCH_ACCOUNT/SBATCH_PARTITION or the sbatch line (slurm/site.sh)
+    assert "SBATCH --account" not in body and "SBATCH --partition" not in body
     assert "set -euo pipefail" in body and body.rstrip().endswith('"$@"')  # trailing args go to Python
     gpus = int(d["--gpus-per-node"])
     if style == "torchrun":  # one torchrun per node, as many processes as GPUs
@@ -89,10 +84,14 @@ def test_script_is_valid_bash_with_consistent_directives(name):
     for line in body.splitlines():
         if re.match(r"\s*srun\b", line):
             assert "--kill-on-bad-exit=1" in line, line
-    # The launch line of each style stays in the script; the set-up they share is in slurm/job_env.sh.
+    # The launch line of each style stays in the script; the set-up they share is in slurm/job_env.sh, and what
+    # differs between clusters in slurm/site.sh: no SITE SECTION, no site variable in a script.
     assert {"srun": "srun --kill-on-bad-exit=1", "single": "    python ", "torchrun": "    torchrun "}[style] in body
     assert 'source "$COURSE_DIR/slurm/job_env.sh"' in body
     assert "conda activate" not in body and "scontrol show hostnames" not in body, "belongs in slurm/job_env.sh"
+    assert not re.search(r"SITE SECTION|^(MODULES|CONDA_ENV|VENV|WORKSHOP_DATA_DIR|OUTPUT_ROOT)=|export NCCL_", body, re.M)
+    if style == "srun":  # one line per task with the GPUs it sees, before training
+        assert "\nshow_tasks  #" in body
     if name in TRAINING:  # preemption: a warning signal to the steps, requeue, one log, resume in its own folder
         assert d["--signal"] == "USR1@120" and "--requeue" in d and d["--open-mode"] == "append"
         assert body.rstrip().endswith('--output-dir "$OUTPUT_DIR" --resume auto "$@"')  # yours come later, and win
@@ -103,18 +102,25 @@ def test_script_is_valid_bash_with_consistent_directives(name):
 
 
 def shared_part(script_text):
-    """From the end of the SITE SECTION to the line that sources slurm/job_env.sh."""
-    start = script_text.index("# ============================== END OF SITE SECTION")
-    return script_text[start:script_text.index('source "$COURSE_DIR/slurm/job_env.sh"')]
+    """From `set -euo pipefail` (the first command) to the line that sources slurm/job_env.sh."""
+    start = script_text.index("set -euo pipefail")
+    end = script_text.index('source "$COURSE_DIR/slurm/job_env.sh"')
+    return script_text[start:script_text.index("\n", end)]
 
 
 def test_the_scripts_share_one_set_up():
-    """The lines that find the course are the same in every script; the rest of the set-up is in slurm/job_env.sh."""
+    """Every script: #SBATCH lines, then the same few lines that find the course and source slurm/job_env.sh
+    (which reads slurm/site.sh), then its launch lines."""
     parts = {name: shared_part(text(name)) for name in SCRIPTS}
     assert all(p == parts["setup"] for p in parts.values()), [n for n, p in parts.items() if p != parts["setup"]]
-    assert len(parts["setup"].splitlines()) <= 12
-    done = subprocess.run(["bash", "-n", str(ROOT / "slurm/job_env.sh")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    assert len(parts["setup"].splitlines()) <= 8
+    for name in SCRIPTS:  # nothing but comments and #SBATCH lines above the shared part
+        head = text(name)[:text(name).index("set -euo pipefail")].splitlines()[1:]
+        assert all(l.startswith("#") for l in head), name
+    for f in ("slurm/job_env.sh", "slurm/site.sh"):
+        done = subprocess.run(["bash", "-n", str(ROOT / f)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    assert 'source "$COURSE_DIR/slurm/site.sh"' in (ROOT / "slurm/job_env.sh").read_text()
 
 
 def fake_job_env(tmp_path, **slurm):
@@ -158,21 +164,37 @@ def test_scripts_say_where_the_course_is_missing(tmp_path):
     assert f"no course folder (one holding slurm/job_env.sh) in COURSE_DIR or at or above {tmp_path}:" in done.stderr
 
 
-def test_site_section_is_the_same_in_every_script():
-    sections = {name: site_section(text(name)) for name in SCRIPTS}
-    first = sections["setup"]
-    for var in ("COURSE_DIR", "MODULES", "CONDA_ENV", "VENV", "WORKSHOP_DATA_DIR"):
-        assert re.search(rf"^{var}=\${{{var}:-}}", first, re.M), var
-    for var in ("NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE",
-                "TORCH_DISTRIBUTED_DEBUG=DETAIL", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
-        assert f"# export {var}" in first, var
-    assert all(s == first for s in sections.values()), [n for n, s in sections.items() if s != first]
+def test_site_file_holds_the_site_settings():
+    """slurm/site.sh: the variables a site sets (empty defaults, so a submit-time value wins), the debugging notes,
+    and where account and partition come from instead."""
+    site = (ROOT / "slurm/site.sh").read_text()
+    for var in ("MODULES", "CONDA_ENV", "VENV", "WORKSHOP_DATA_DIR", "OUTPUT_ROOT"):
+        assert re.search(rf"^{var}=\${{{var}:-}}", site, re.M), var
+    for var in ("NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE",
+                "TORCH_DISTRIBUTED_DEBUG=DETAIL", "DIST_TIMEOUT_SECONDS"):
+        assert f"# export {var}" in site, var
+    assert "SBATCH_ACCOUNT" in site and "SBATCH_PARTITION" in site
+    assert "default is 3 (SkipCleanUp" in site and "torchrun sets 1 (TearDown)" in site
+
+
+def test_site_note_on_nccl_error_handling_matches_installed_torch():
+    """What slurm/site.sh says of TORCH_NCCL_ASYNC_ERROR_HANDLING, checked against the installed torch's sources."""
+    import torch
+    torch_dir = Path(torch.__file__).parent
+    header = torch_dir / "include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
+    if not header.exists():
+        pytest.skip("this torch wheel ships no C++ headers")
+    assert "the default value (3 - SkipCleanUp)" in header.read_text()
+    agent = (torch_dir / "distributed/elastic/agent/server/local_elastic_agent.py").read_text()
+    assert re.search(r'"TORCH_NCCL_ASYNC_ERROR_HANDLING": os.getenv\(\s*"TORCH_NCCL_ASYNC_ERROR_HANDLING", str\(1\)', agent)
 
 
 def test_scripts_refuse_to_run_outside_a_job(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    done = subprocess.run(["bash", str(ROOT / SCRIPTS["ddp"][0])], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert done.returncode == 1 and "submit it with sbatch" in done.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in LEAKY}
+    for extra in ({}, {"COURSE_DIR": str(ROOT)}):  # the check comes first, and again in slurm/job_env.sh
+        done = subprocess.run(["bash", str(ROOT / SCRIPTS["ddp"][0])], capture_output=True, text=True,
+                              env={**env, **extra}, cwd=tmp_path)
+        assert done.returncode == 1 and "not inside a Slurm job: submit it with sbatch" in done.stderr, done.stderr
 
 
 # ---- the real cluster ----------------------------------------------------------------------------
@@ -186,11 +208,12 @@ class Job:
     state: str | None = field(default=None)
 
 
-def sbatch(cluster, script, args, cpus, env=None, submit_from=ROOT, workdir=None):
+def sbatch(cluster, script, args, cpus, env=None, submit_from=ROOT, workdir=None, opts=()):
     """sbatch the script as a learner would (cwd = submit folder); only the options named in the docstring."""
     full_env = {k: v for k, v in cluster.env.items() if k not in LEAKY}
     full_env.update(env or {})
-    cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--cpus-per-task={cpus}", str(ROOT / script), *map(str, args)]
+    cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--cpus-per-task={cpus}", *opts, str(ROOT / script),
+           *map(str, args)]
     done = subprocess.run(cmd, env=full_env, cwd=submit_from, capture_output=True, text=True)
     assert done.returncode == 0, f"{' '.join(cmd)}: {done.stderr}"
     return int(done.stdout.strip().split(";")[0])
@@ -199,17 +222,17 @@ def sbatch(cluster, script, args, cpus, env=None, submit_from=ROOT, workdir=None
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, synthetic_dir, tmp_path_factory):
     """Submit every script at once (plus one without a logs/ folder); yield {name: Job}."""
-    plan = {  # name -> (cpus per task, environment, submit folder)
-        "setup": (1, {}, ROOT),
-        "single": (1, {}, ROOT / "02_singlegpu_training"),  # from a lesson folder: the course is found upwards
-        "dp": (2, {}, ROOT),
-        "ddp": (2, {}, ROOT),  # 2 processes from the 2 GPUs of the GRES, no NPROC_PER_NODE
-        "fsdp": (2, {"NPROC_PER_NODE": "2"}, ROOT),
-        "ddp_multinode": (2, {"NPROC_PER_NODE": "2"}, ROOT),
-        "ddp_srun": (1, {"VENV": str(ROOT / ".venv")}, ROOT),
+    plan = {  # name -> (cpus per task, environment, submit folder, other sbatch options)
+        "setup": (1, {}, ROOT, ()),
+        "single": (1, {}, ROOT / "02_singlegpu_training", ()),  # from a lesson folder: the course is found upwards
+        "dp": (2, {}, ROOT, ()),
+        "ddp": (2, {}, ROOT, ()),  # 2 processes from the 2 GPUs of the GRES, no NPROC_PER_NODE
+        "fsdp": (2, {"NPROC_PER_NODE": "2"}, ROOT, ()),
+        "ddp_multinode": (2, {"NPROC_PER_NODE": "2"}, ROOT, ()),
+        "ddp_srun": (1, {"VENV": str(ROOT / ".venv")}, ROOT, ("--gpus-per-task=1",)),  # one GPU bound to each task
     }
     submitted, deadline = {}, time.monotonic() + DEADLINE_S
-    for name, (cpus, env, submit_from) in plan.items():
+    for name, (cpus, env, submit_from, opts) in plan.items():
         workdir = tmp_path_factory.mktemp(f"job-{name}")
         (workdir / "logs").mkdir()
         out_dir = workdir / "out"
@@ -218,7 +241,7 @@ def jobs(slurm_cluster, synthetic_dir, tmp_path_factory):
             "--data", "synthetic", "--data-dir", synthetic_dir, "--train-samples", 512,
             "--test-samples", TEST_SAMPLES[name], "--epochs", 1, "--max-steps", 3, "--device", "cpu",
             "--num-workers", 0, "--output-dir", out_dir]
-        job_id = sbatch(slurm_cluster, SCRIPTS[name][0], args, cpus, env, submit_from, workdir)
+        job_id = sbatch(slurm_cluster, SCRIPTS[name][0], args, cpus, env, submit_from, workdir, opts)
         submitted[name] = Job(name, job_id, workdir, out_dir, deadline)
     no_logs = tmp_path_factory.mktemp("job-no-logs")  # no logs/ folder in it
     submitted["no_logs"] = Job("no_logs", sbatch(slurm_cluster, SCRIPTS["setup"][0], [], 1, workdir=no_logs),
@@ -292,12 +315,25 @@ def rank_lines(log):
     return sorted(rows)
 
 
+TASK_LINE = re.compile(r"^== task (\d+) on (\S+): local rank (\d+), CUDA_VISIBLE_DEVICES=(\S+)$", re.M)
+
+
+def task_lines(log):
+    """{node: [(rank, local rank, CUDA_VISIBLE_DEVICES)]} from the srun-style scripts' show_tasks lines."""
+    by_node = {}
+    for rank, node, local_rank, cvd in TASK_LINE.findall(log):
+        by_node.setdefault(node, []).append((int(rank), int(local_rank), cvd))
+    return {node: sorted(rows) for node, rows in by_node.items()}
+
+
 def test_01_setup_checks_env_then_collectives(slurm_cluster, jobs):
     log = completed(slurm_cluster, jobs["setup"])
     assert log.count("verdict: READY") == 1, log  # check_env.py once per node (1 node)
     assert "OK: all_reduce, broadcast, all_gather and barrier verified on 2 rank(s)" in log, log
     assert sorted(re.findall(r"rank \d of 2", log)) == ["rank 0 of 2", "rank 1 of 2"], log
     assert f"rendezvous {slurm_cluster.job_info(jobs['setup'].id)['NodeList']}:{20000 + jobs['setup'].id % 20000}" in log
+    node = slurm_cluster.job_info(jobs["setup"].id)["NodeList"]  # no GPU binding: each task sees the node's 2 GPUs
+    assert task_lines(log) == {node: [(0, 0, "0,1"), (1, 1, "0,1")]}, log
 
 
 def test_02_single_process_from_the_lesson_folder(slurm_cluster, jobs):
@@ -323,6 +359,7 @@ def test_04_ddp_one_node_takes_processes_from_the_gpus(slurm_cluster, jobs):
 
 @pytest.mark.parametrize("name", ["ddp_multinode", "ddp_srun"])
 def test_04_ddp_two_nodes_two_processes_each(slurm_cluster, jobs, name):
+    """World size 4 over n1 and n2 in both styles; the srun style with one GPU bound to each task."""
     job = jobs[name]
     log = completed(slurm_cluster, job)
     assert f"rendezvous n1:{20000 + job.id % 20000}" in log, log
@@ -336,6 +373,13 @@ def test_04_ddp_two_nodes_two_processes_each(slurm_cluster, jobs, name):
         assert [lr for _, lr in pairs] == [0, 1] and pairs[1][0] == pairs[0][0] + 1, log
     if name == "ddp_srun":  # Slurm's block distribution: tasks 0, 1 on the first node
         assert by_host["n1"] == [(0, 0), (1, 1)], log
+        # --gpus-per-task=1: every task saw exactly one GPU, a different one from the other task of its node
+        assert "GPUs per node 2 (per task 1) |" in log, log
+        tasks = task_lines(log)
+        assert sorted(tasks) == ["n1", "n2"] and [r for rows in tasks.values() for r, _, _ in rows] == [0, 1, 2, 3], log
+        for rows in tasks.values():
+            gpus = [cvd for _, _, cvd in rows]
+            assert all(g.isdigit() for g in gpus) and len(set(gpus)) == len(gpus) == 2, log
     assert log.count("epoch 1 |") == 1, log  # only global rank 0 reports
     check_metrics(job, 4, TEST_SAMPLES[name])
 

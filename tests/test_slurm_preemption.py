@@ -10,9 +10,12 @@ One shortcut, for time only: Slurm keeps a requeued job pending (Reason=BeginTim
 minutes (the lifetime of its launch credentials) before it may start again. The test moves its
 start time to now with `scontrol update`; everything else is what happens on a real cluster.
 
-Also: a rank that fails makes the whole srun-style job fail within seconds (no hang), and the log
-names the rank (FAIL_AT_STEP=RANK:STEP, the course's fault injection); and a job you cancel stays
-cancelled.
+Also: a rank that fails makes the whole srun-style job fail long before the process-group timeout
+(no hang), and the log names the rank (FAIL_AT_STEP=RANK:STEP, the course's fault injection); and a
+job you cancel stays cancelled.
+
+Under load every phase takes longer, so no test waits a fixed time for Slurm: each polls for the state
+it needs (a line in the log, a final job state) until a generous deadline, and asserts on what it found.
 """
 import json
 import re
@@ -33,7 +36,8 @@ SHAPES = {  # name -> (cpus per task, environment, signal): the test nodes have 
     "ddp_multinode": (2, {"NPROC_PER_NODE": "2"}, "USR1"),  # two nodes, srun + torchrun (c10d), world size 4
     "ddp_srun": (1, {}, "USR1"),  # two nodes, srun starts the 4 processes
 }
-PHASE_TIMEOUT_S = 150  # for each of: reaching epoch 1; from the signal to the end
+PHASE_TIMEOUT_S = 150  # deadline for each of: reaching epoch 1; from the signal to the end (a few seconds when idle)
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")  # not COMPLETING: processes left
 
 
 def submit(cluster, name, workdir, cpus, env, args):
@@ -77,7 +81,7 @@ def run_to_the_end(cluster, job_id):
         if info["JobState"] == "PENDING" and info.get("Reason") == "BeginTime":
             cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
             released += 1
-        return info["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+        return info["JobState"] in FINAL
     wait_for(cluster, job_id, final, "the job to end")
     return cluster.job_info(job_id), released
 
@@ -130,17 +134,19 @@ def test_signal_checkpoints_requeues_and_resumes(slurm_cluster, synthetic_dir, t
 
 
 def test_a_failing_rank_fails_the_srun_job_quickly(slurm_cluster, synthetic_dir, tmp_path):
-    """No hang: rank 1 raises at step 3; srun --kill-on-bad-exit=1 stops the other ranks; the job FAILs."""
+    """No hang: rank 1 raises at step 3; srun --kill-on-bad-exit=1 stops the other ranks; the job FAILs.
+    Without that the others would wait in their next all_reduce for the 600 s process-group timeout
+    (DIST_TIMEOUT_SECONDS, set here so that a value in the caller's shell cannot shorten it); the
+    deadline of run_to_the_end (PHASE_TIMEOUT_S) is far below it."""
     (tmp_path / "logs").mkdir()
     t0 = time.monotonic()
-    job_id = submit(slurm_cluster, "ddp_srun", tmp_path, 1, {"FAIL_AT_STEP": "1:3"}, [
+    job_id = submit(slurm_cluster, "ddp_srun", tmp_path, 1, {"FAIL_AT_STEP": "1:3", "DIST_TIMEOUT_SECONDS": "600"}, [
         "--device", "cpu", "--data", "synthetic", "--data-dir", synthetic_dir, "--epochs", 1,
         "--train-samples", 4096, "--test-samples", TEST_SAMPLES, "--num-workers", 0])
     info, _ = run_to_the_end(slurm_cluster, job_id)
     elapsed = time.monotonic() - t0
     log = read_log(slurm_cluster, job_id)
     assert info["JobState"] == "FAILED" and int(info["Restarts"]) == 0, report(slurm_cluster, job_id, "expected FAILED")
-    assert elapsed < 60, report(slurm_cluster, job_id, f"took {elapsed:.0f} s to fail")
     # Slurm names the task (= rank in the srun style) that exited first; the Python error names the rank.
     assert "task 1: Exited with exit code" in log and re.search(r"(?im)^.*\brank ?1\b.*(fail|error)", log), \
         report(slurm_cluster, job_id, "the log must name rank 1")
@@ -149,20 +155,29 @@ def test_a_failing_rank_fails_the_srun_job_quickly(slurm_cluster, synthetic_dir,
 
 
 def test_a_cancelled_job_stays_cancelled(slurm_cluster, synthetic_dir, tmp_path):
-    """`scancel <job>`: SIGTERM, then SIGKILL after KillWait. The job must end CANCELLED, not requeue itself."""
+    """`scancel <job>`: SIGTERM, then SIGKILL after KillWait. The job must end CANCELLED, not requeue itself.
+
+    The job trains many short epochs, so it is surely still running when the test cancels it. The test then
+    polls until Slurm reports a final state: COMPLETING means processes of the job are still alive (one could
+    still run `scontrol requeue`); once CANCELLED is final, none is left. A requeue shows on the way as
+    Restarts > 0 or PENDING/REQUEUED, and fails the test at once."""
     (tmp_path / "logs").mkdir()
     job_id = submit(slurm_cluster, "ddp_srun", tmp_path, 1, {}, [
-        "--device", "cpu", "--data", "synthetic", "--data-dir", synthetic_dir, "--epochs", EPOCHS,
-        "--train-samples", TRAIN_SAMPLES, "--test-samples", TEST_SAMPLES, "--num-workers", 0])
+        "--device", "cpu", "--data", "synthetic", "--data-dir", synthetic_dir, "--epochs", 50,
+        "--train-samples", 1000, "--test-samples", TEST_SAMPLES, "--num-workers", 0])
     wait_for(slurm_cluster, job_id, lambda: "epoch 1 |" in read_log(slurm_cluster, job_id), "epoch 1")
-    time.sleep(SIGNAL_AFTER_EPOCH_1_S)
     slurm_cluster.run("scancel", str(job_id))
-    # SIGTERM now, SIGKILL after KillWait (2 s here): watch long enough for a requeue by the job itself.
-    states, deadline = [], time.monotonic() + 8
-    while time.monotonic() < deadline:
+    states = []
+    def settled():
         info = slurm_cluster.job_info(job_id)
-        states.append(f"{info['JobState']}/{info['Restarts']}")
-        time.sleep(0.5)
-    subprocess.run(["scancel", str(job_id)], env=slurm_cluster.env, capture_output=True)  # if it did come back
-    assert info["JobState"] == "CANCELLED" and int(info["Restarts"]) == 0, \
-        report(slurm_cluster, job_id, f"a cancelled job must stay cancelled; states seen: {' '.join(states)}")
+        state = f"{info['JobState']}/{info['Restarts']}"
+        if not states or states[-1] != state:
+            states.append(state)
+        return info["JobState"] in FINAL or int(info["Restarts"]) > 0 or info["JobState"] in ("PENDING", "REQUEUED")
+    wait_for(slurm_cluster, job_id, settled, "a final state after scancel")
+    if states[-1] != "CANCELLED/0":  # it came back: nothing of ours may stay in the queue
+        subprocess.run(["scancel", str(job_id)], env=slurm_cluster.env, capture_output=True)
+    assert states[-1] == "CANCELLED/0", \
+        report(slurm_cluster, job_id, f"a cancelled job must stay cancelled; states seen: {' -> '.join(states)}")
+    log = read_log(slurm_cluster, job_id)
+    assert "requeued Slurm job" not in log and "| restart 1" not in log, report(slurm_cluster, job_id, "requeued")
