@@ -1,5 +1,6 @@
-"""Plumbing shared by the lessons: launch detection, data, model, metrics, checkpoints, logging.
+"""Plumbing shared by the lessons: launcher variables, data, model, metrics, the checkpoint folder, logging.
 
-The ideas each lesson teaches (init, sampler, wrap, all_reduce, save on rank 0) stay in the
-lesson scripts themselves; this package only keeps them short.
+What each lesson teaches (init_process_group, set_device, the sampler, the DDP or fully_shard wrap,
+no_sync, saving on rank 0, the DCP calls) is written out in the lesson scripts themselves; this
+package only translates the launcher's environment, handles files and errors, and keeps score.
 """

@@ -1,19 +1,38 @@
 """Start N CPU/gloo worker processes from a notebook (or any Python code) and collect their results.
 
+    from common.launcher import launch
+    import collective_workers                       # the worker lives in a .py file
+    results = launch(collective_workers.all_reduce, nprocs=2)   # [3.0, 3.0]
+
 Why not torch.multiprocessing.spawn with a function typed into the notebook? The spawn start
 method pickles a function by reference, and a child cannot import a notebook's __main__. So the
-worker must live in a .py file (e.g. a lesson script's ``main``) and we pass it by reference.
+worker must live in a .py file and we pass it by reference.
+
+What every worker gets:
+  * the variables torchrun would set (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT), so a plain ``dist.init_process_group("gloo")`` inside it works;
+  * NO GPU: CUDA_VISIBLE_DEVICES="" is set in the child before it imports torch, so the workers
+    run on the CPU with gloo even on a workstation with one GPU (two processes cannot each
+    have a GPU of their own there);
+  * its own share of the CPU cores (torch.set_num_threads).
+
+What comes back: each rank's return value, in rank order. What the workers print is collected
+and printed here after they finish, rank 0's lines first, then rank 1's, ... (a notebook does not
+reliably show what child processes print, and ranks printing at once would interleave).
+A worker's exception becomes WorkerError naming the rank; a hang becomes TimeoutError; the other
+workers are stopped in both cases.
 """
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import pickle
 import queue
+import socket
+import sys
 import time
 import traceback
-
-from common.distributed import free_port
 
 
 class WorkerError(RuntimeError):
@@ -25,59 +44,133 @@ class WorkerError(RuntimeError):
         self.worker_traceback = worker_traceback
 
 
-def _worker(rank: int, world_size: int, port: int, threads: int, fn, args, results) -> None:
-    # The same variables torchrun would set, so the worker's setup() finds a 2-rank gloo job.
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import torch
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    from common.distributed import cleanup
-    torch.set_num_threads(threads)  # N workers share the cores instead of each taking all of them
+
+def worker_environment(rank: int, world_size: int, port: int, threads: int) -> dict[str, str]:
+    """The environment variables a worker runs with: torchrun's, no GPU, a share of the cores."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads)}
+
+
+class _LineSender(io.TextIOBase):
+    """A text stream that sends each complete line to the parent: (rank, "line", (stream, text))."""
+
+    encoding = "utf-8"
+
+    def __init__(self, rank: int, stream: str, results):
+        self.rank, self.stream, self.results, self.pending = rank, stream, results, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        lines = (self.pending + text).split("\n")
+        self.pending = lines.pop()
+        for line in lines:
+            self.results.put((self.rank, "line", (self.stream, line)))
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.results.put((self.rank, "line", (self.stream, self.pending)))
+            self.pending = ""
+
+
+def _worker(rank: int, world_size: int, port: int, threads: int, payload: bytes, results) -> None:
+    # Before anything imports torch (fn's module is unpickled below): torchrun's variables, no GPU.
+    os.environ.update(worker_environment(rank, world_size, port, threads))
+    sys.stdout = _LineSender(rank, "stdout", results)
+    sys.stderr = _LineSender(rank, "stderr", results)
     try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(threads)  # N workers share the cores instead of each taking all of them
+        fn, args = pickle.loads(payload)
+        value = fn(*args)
+        if dist.is_initialized():  # a worker that forgot to clean up must not block the others' exit
+            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
         # Plain pickle copies tensors by value; torch's queue would share them through file
         # descriptors that vanish when this process exits.
-        results.put((rank, True, pickle.dumps(fn(*args))))
+        results.put((rank, "done", pickle.dumps(value)))
+        exit_code = 0
     except BaseException as exc:
-        results.put((rank, False, (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
-        raise SystemExit(1)
-    finally:
-        cleanup()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        results.put((rank, "error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+        exit_code = 1
+    # Make sure our report is in the pipe (before the other ranks notice we are gone and report
+    # errors of their own), then leave at once: no waiting for a collective after a failure, and
+    # no slow interpreter shutdown (unloading torch can take seconds on a busy machine).
+    results.close()
+    results.join_thread()
+    os._exit(exit_code)
+
+
+def _replay(lines: dict[int, list], nprocs: int) -> None:
+    """Print what the workers printed: rank 0's lines first, then rank 1's, ..."""
+    for rank in range(nprocs):
+        for stream, text in lines[rank]:
+            print(text, file=sys.stderr if stream == "stderr" else sys.stdout)
+    sys.stdout.flush()
 
 
 def launch(fn, nprocs: int = 2, args: tuple = (), timeout_s: float = 300.0) -> list:
-    """Run ``fn(*args)`` in ``nprocs`` fresh processes as ranks 0..nprocs-1; return their results by rank.
+    """Run ``fn(*args)`` in ``nprocs`` fresh CPU processes as ranks 0..nprocs-1; return their results by rank.
 
     ``fn`` must be importable (defined in a .py file). A worker's exception is re-raised here
     as WorkerError naming its rank; the other workers are stopped; nothing waits forever.
     """
+    main = sys.modules.get("__main__")
+    if getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
+        raise TypeError(f"{getattr(fn, '__name__', fn)} is defined in this notebook: the worker processes "
+                        "cannot import it. Put it in a .py file next to the notebook and import it from there")
+    payload = pickle.dumps((fn, tuple(args)))  # unpickled in the child only after its environment is set
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // nprocs)
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, nprocs, port, threads, fn, args, results), daemon=True)
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, nprocs, port, threads, payload, results), daemon=True)
              for r in range(nprocs)]
-    for p in procs:
-        p.start()
+    lines: dict[int, list] = {r: [] for r in range(nprocs)}
     done: dict[int, object] = {}
     deadline = time.monotonic() + timeout_s
+    ok = False
     try:
+        for p in procs:
+            p.start()
         while len(done) < nprocs:
             try:
-                rank, ok, value = results.get(timeout=0.2)
+                rank, kind, value = results.get(timeout=0.2)
             except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done]
-                if dead:  # killed by a signal, or died before it could report
-                    raise WorkerError(dead[0], f"exited with code {procs[dead[0]].exitcode}")
+                # Nothing in the pipe: a process that has exited without reporting is dead.
+                dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in done]
+                if dead:
+                    raise WorkerError(dead[0], f"exited with code {procs[dead[0]].exitcode} without reporting")
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"workers did not finish within {timeout_s:.0f} s")
+                    missing = [r for r in range(nprocs) if r not in done]
+                    raise TimeoutError(f"rank(s) {missing} did not finish within {timeout_s:.0f} s")
                 continue
-            if not ok:
+            if kind == "line":
+                lines[rank].append(value)
+            elif kind == "error":
                 raise WorkerError(rank, *value)
-            done[rank] = pickle.loads(value)
+            else:
+                done[rank] = pickle.loads(value)
+        ok = True
         return [done[r] for r in range(nprocs)]
     finally:
         for p in procs:
-            p.join(timeout=5)
+            if ok:
+                p.join(timeout=5)
             if p.is_alive():
                 p.terminate()
                 p.join()
+        _replay(lines, nprocs)

@@ -34,7 +34,7 @@ if any(a.endswith(".py") and os.path.basename(a).startswith("mnist_") for a in a
     args += ["--train-samples", "1200", "--test-samples", "400", "--num-workers", "0"]
     if "--epochs" not in args and "--dry-run" not in args and "--profile" not in args:
         args += ["--epochs", "2"]
-cmd = [{real!r}] + ({module!r} and ["-m", {module!r}]) + args
+cmd = [{real!r}] + (["-m", {module!r}] if {module!r} else []) + args
 os.execv(cmd[0], cmd)
 """
 
