@@ -191,7 +191,7 @@ def machine() -> dict:
 
 def markdown(s) -> str:
     m = s["machine"]
-    lines = [f"# Lesson 05 on GPUs: prefetch and where FSDP pays", "",
+    lines = ["# Lesson 05 on GPUs: prefetch and where FSDP pays", "",
              f"{m.get('gpus')} x {m.get('gpu', 'no GPU (CPU smoke run)')} ({m.get('gpu_memory_gib', '-')} GiB), "
              f"driver {m.get('driver', '-')}, torch {m['torch']}, {time.strftime('%Y-%m-%d')}. "
              f"Synthetic MNIST, data on the GPUs, fp32 unless `--amp`; s/epoch is the best epoch after the first; "
