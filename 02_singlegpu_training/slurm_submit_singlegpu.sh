@@ -7,7 +7,7 @@
 #
 # Arguments after the script name go to mnist_singlegpu.py. Log: logs/mnist-1gpu-<jobid>.out;
 # metrics and checkpoints: runs/mnist-1gpu-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
-# Shape: 1 task, 1 GPU (srun starts it only so that Slurm's signals reach it). Help: slurm/README.md.
+# Shape: 1 task, 1 GPU. Help: slurm/README.md.
 #SBATCH --job-name=mnist-1gpu
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
@@ -16,12 +16,8 @@
 #SBATCH --cpus-per-task=4          # DataLoader workers = this - 1 (the script reads SLURM_CPUS_PER_TASK)
 #SBATCH --time=00:30:00
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
-# Time limit and preemption: Slurm sends SIGUSR1 120-180 s before the time limit to the processes of the
-# job's steps (srun; B:USR1@120 would signal only this batch shell, for scripts that trap it themselves).
-# They save a checkpoint and requeue the job, which keeps its id and resumes (slurm/README.md, "Time limits").
-#SBATCH --signal=USR1@120          # raise the 120 if saving a checkpoint takes longer than a minute
-#SBATCH --requeue                  # the job may go back to the queue: on preemption, or by itself on SIGUSR1
-#SBATCH --open-mode=append         # a requeued run appends to the same log instead of overwriting it
+# No --signal/--requeue here: this lesson saves a checkpoint after every epoch but does not catch
+# Slurm's warning signals; stopping cleanly before the time limit and requeueing arrive with lesson 04.
 set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
 # Site settings (modules, Python environment, data, debugging) are in slurm/site.sh. sbatch runs a COPY of this
 # script from a spool folder, so the course is found from where you ran sbatch, upwards (or set COURSE_DIR).
@@ -33,8 +29,8 @@ source "$COURSE_DIR/slurm/job_env.sh"  # slurm/site.sh, the environment, MASTER_
 
 echo "== 1 process | GPUs ${SLURM_GPUS_ON_NODE:-0} (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-none}) | CPUs ${SLURM_CPUS_PER_TASK:-1}"
 
-# srun, although one process needs no launcher: the signals Slurm sends a job (--signal above,
-# `scancel --signal`) reach the processes of its srun steps, not this batch shell or what it runs itself.
-# --resume auto: continue from the newest checkpoint in OUTPUT_DIR (after a requeue), else start fresh.
+# srun, although one process needs no launcher: the job's processes then run as a job step, as in lessons 04-05.
+# --resume auto: continue from the newest checkpoint in OUTPUT_DIR (a resubmission with the same OUTPUT_DIR), else
+# start fresh.
 srun --kill-on-bad-exit=1 --ntasks=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
     python "$COURSE_DIR/02_singlegpu_training/mnist_singlegpu.py" --output-dir "$OUTPUT_DIR" --resume auto "$@"

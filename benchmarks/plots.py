@@ -26,6 +26,7 @@ def _data(rows) -> str:
 
 def _empty(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"{what}: not measured", ha="center", va="center", transform=ax.transAxes)
+    ax.figure.not_measured = True  # write_all leaves such a plot out
 
 
 def time_to_target(plt, rows):
@@ -141,11 +142,18 @@ def _legend(ax) -> None:
         ax.legend(fontsize=7)
 
 
-def write_all(out: Path, rows: list[dict]) -> None:
+def write_all(out: Path, rows: list[dict]) -> list[str]:
+    """Write the plots that have data (and remove stale files of those that have none); return their names."""
     import matplotlib
     matplotlib.use("Agg")  # no display on GPU nodes
     import matplotlib.pyplot as plt
+    written = []
     for name in NAMES:
         fig = globals()[name](plt, rows)
-        fig.savefig(out / f"{name}.png", dpi=100)
+        if getattr(fig, "not_measured", False):
+            (out / f"{name}.png").unlink(missing_ok=True)
+        else:
+            fig.savefig(out / f"{name}.png", dpi=100)
+            written.append(name)
         plt.close(fig)
+    return written

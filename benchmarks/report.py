@@ -150,6 +150,5 @@ def write_report(out: Path, rows: list[dict]) -> None:
         for r in failed:
             lines += [f"**{r['key']}**: {r['status']} after {r['wall_seconds']:.0f} s (`{r['command']}`)", "",
                       "```", r.get("error", ""), "```", ""]
-    lines += [f"![{name}]({name}.png)\n" for name in plots.NAMES]
+    lines += [f"![{name}]({name}.png)\n" for name in plots.write_all(out, rows)]
     (out / "benchmarks.md").write_text("\n".join(lines))
-    plots.write_all(out, rows)

@@ -76,6 +76,7 @@ def walk_dir(tmp_path_factory, synthetic_dir):
         shim.write_text(SHIM.format(python=sys.executable, real=sys.executable, name=name, module=module))
         shim.chmod(0o755)
     (copy / ".venv").symlink_to(Path(sys.executable).parents[1])  # `make` finds the installed course
+    os.utime(copy / "pyproject.toml", (0, 0))  # older than the venv's stamp: `make` must not reinstall into it
     return copy
 
 

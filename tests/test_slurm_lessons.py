@@ -41,7 +41,8 @@ TEST_SAMPLES = {"single": 77, "dp": 77, "ddp": 77, "fsdp": 77, "ddp_multinode": 
 # decide the outcome (site settings, or launcher variables left over from experiments).
 LEAKY = ("COURSE_DIR", "MODULES", "CONDA_ENV", "VENV", "WORKSHOP_DATA_DIR", "OUTPUT_ROOT", "NPROC_PER_NODE",
          "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "FAIL_AT_STEP")
-TRAINING = ("single", "dp", "ddp", "ddp_multinode", "ddp_srun", "fsdp")  # they checkpoint, requeue and resume
+TRAINING = ("single", "dp", "ddp", "ddp_multinode", "ddp_srun", "fsdp")  # they checkpoint and resume
+PREEMPTIBLE = ("ddp", "ddp_multinode", "ddp_srun", "fsdp")  # from lesson 04 on: they also stop and requeue
 RANK_LINE = re.compile(r"^\[rank (\d+)\] host (\S+) rank (\d+)/(\d+) local_rank (\d+) device (\S+) backend (\S+)$", re.M)
 
 
@@ -92,8 +93,9 @@ def test_script_is_valid_bash_with_consistent_directives(name):
     assert not re.search(r"SITE SECTION|^(MODULES|CONDA_ENV|VENV|WORKSHOP_DATA_DIR|OUTPUT_ROOT)=|export NCCL_", body, re.M)
     if style == "srun":  # one line per task with the GPUs it sees, before training
         assert "\nshow_tasks  #" in body
-    if name in TRAINING:  # preemption: a warning signal to the steps, requeue, one log, resume in its own folder
+    if name in PREEMPTIBLE:  # preemption: a warning signal to the steps, requeue, one log
         assert d["--signal"] == "USR1@120" and "--requeue" in d and d["--open-mode"] == "append"
+    if name in TRAINING:  # resume in its own folder
         assert body.rstrip().endswith('--output-dir "$OUTPUT_DIR" --resume auto "$@"')  # yours come later, and win
         # Slurm signals the processes of job steps, not the batch shell: the training processes run under srun.
         assert re.search(r"^srun [^\n]*\\\n(    [^\n]*\\\n)*    (python|torchrun) ", body, re.M), body
