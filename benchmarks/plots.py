@@ -26,7 +26,7 @@ def _data(rows) -> str:
 
 def _empty(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"{what}: not measured", ha="center", va="center", transform=ax.transAxes)
-    ax.figure.not_measured = True  # write_all leaves such a plot out
+    ax.figure.empty_axes = getattr(ax.figure, "empty_axes", 0) + 1  # write_all leaves out a plot with no data
 
 
 def time_to_target(plt, rows):
@@ -150,7 +150,7 @@ def write_all(out: Path, rows: list[dict]) -> list[str]:
     written = []
     for name in NAMES:
         fig = globals()[name](plt, rows)
-        if getattr(fig, "not_measured", False):
+        if getattr(fig, "empty_axes", 0) >= len(fig.axes):
             (out / f"{name}.png").unlink(missing_ok=True)
         else:
             fig.savefig(out / f"{name}.png", dpi=100)
