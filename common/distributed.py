@@ -191,9 +191,3 @@ def barrier() -> None:
     """dist.barrier() when there is a process group; nothing in a single process."""
     if dist.is_initialized():
         dist.barrier()
-
-
-def cleanup() -> None:
-    """Destroy the process group if there is one (e.g. after a worker that failed half-way). Safe to repeat."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
