@@ -4,15 +4,15 @@
     python download_mnist.py --synthetic                        # offline: synthetic digits in MNIST format
 Running it again is quick: files that are already there are kept.
 """
-import argparse
 import sys
 
-from common.cli import run
+from common.cli import Parser
 from common.data import dataset_root, default_data_dir, prepare_data, raw_folder
+from common.errors import run
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Download MNIST (or write the synthetic set) into --data-dir")
+    parser = Parser(description="Download MNIST (or write the synthetic set) into --data-dir")
     parser.add_argument("--data-dir", default=default_data_dir(),
                         help="where MNIST/raw goes (default: $WORKSHOP_DATA_DIR or ./data)")
     parser.add_argument("--synthetic", action="store_true", help="write synthetic MNIST files instead (no internet)")

@@ -11,8 +11,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from common.cli import run
-from common.distributed import init_timeout, launch_env, pick_backend, pick_device, restart_safe_store
+from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
+from common.errors import run
 
 
 def main(argv=None):
@@ -21,7 +21,8 @@ def main(argv=None):
     if device.type == "cuda":
         torch.cuda.set_device(device)  # this process uses this GPU, and only this one
     # env:// : every process meets the others at MASTER_ADDR:MASTER_PORT, where rank 0 listens.
-    dist.init_process_group(backend=pick_backend(device), timeout=init_timeout(),  # nccl on GPUs, gloo on CPUs
+    dist.init_process_group(backend=dist.get_default_backend_for_device(device),  # nccl on GPUs, gloo on CPUs
+                            timeout=init_timeout(),
                             rank=env.rank, world_size=env.world_size, store=restart_safe_store(env),
                             device_id=device if device.type == "cuda" else None)
     rank, world_size = dist.get_rank(), dist.get_world_size()

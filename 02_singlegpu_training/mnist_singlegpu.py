@@ -3,38 +3,53 @@
 This is the baseline every later lesson changes as little as possible:
     python mnist_singlegpu.py --epochs 1 --data synthetic
 """
+import signal
+
 import torch
 import torch.nn.functional as F
-from torch.utils.data import RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from common.checkpoints import CheckpointDir
-from common.cli import base_parser, parse, run
+from common.cli import base_parser, parse, save_config
 from common.data import load_mnist
 from common.distributed import pick_device
+from common.errors import run
 from common.files import atomic_save
-from common.loaders import make_loader, steps_per_epoch
+from common.history import History
+from common.loaders import DeviceLoader, loader_options
 from common.log import log0
 from common.metrics import EpochMeter
-from common.model import Net
+from common.model import Net, model_flags
 from common.optim import make_optimizer, make_scheduler
+from common.position import Position, steps_per_epoch
 from common.profiling import profile_steps, warm_up
-from common.progress import Progress
+from common.signals import StopSignals
 
 LESSON = "02_singlegpu_training"
 
 
-def train(args, model, device, train_loader, optimizer, scheduler, progress):
+def train(args, model, device, train_loader, optimizer, scheduler, position, stop):
+    """One epoch, from position.step on. Leaves early, between two steps, when a stop was requested."""
     model.train()
-    for data, target in progress.batches(train_loader):  # a restarted epoch skips the batches it already did
+    meter = EpochMeter(device)
+    for i, (data, target) in enumerate(position.remaining(train_loader, args)):  # a resumed epoch skips its steps
+        if i % args.grad_accum == 0 and stop.request:  # Ctrl-C or SIGTERM arrived
+            break  # between two optimizer steps; the caller saves a checkpoint here
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
-        optimizer.zero_grad(set_to_none=True)
+        sync_now = (i + 1) % args.grad_accum == 0  # the last micro-batch of an optimizer step
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
             output = model(data)
         loss = F.nll_loss(output.float(), target)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()  # the learning rate schedule advances once per optimizer step
-        progress.add_loss(loss, len(data))
+        (loss / args.grad_accum).backward()  # gradients add up over --grad-accum micro-batches
+        if sync_now:
+            if args.clip_grad:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
+            optimizer.step()
+            scheduler.step()  # the learning rate schedule advances once per optimizer step
+            optimizer.zero_grad(set_to_none=True)
+            position.step += 1
+        meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so the epoch's mean is exact
+    return meter.reduce()
 
 
 @torch.no_grad()
@@ -50,20 +65,32 @@ def test(args, model, device, test_loader):
     return meter.reduce()
 
 
-def save_checkpoint(path, model, optimizer, scheduler, progress):
+def make_loader(args, dataset, batch_size, sampler, device):
+    """Batches of the sampler's indices: a DataLoader, or with --data-on-device slices of tensors on the GPU."""
+    if args.data_on_device:
+        return DeviceLoader(dataset, batch_size, sampler, device)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **loader_options(args, device))
+
+
+def checkpoint_state(model, optimizer, scheduler, position, history, checkpoints):
     """Everything needed to continue: weights, optimizer and schedule state, and how far training got."""
-    state = {"model": model.state_dict(),
-             "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict(), "progress": progress.state_dict()}
+    return {"model": model.state_dict(),
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "position": position.state_dict(), "history": history.state_dict(), "run": checkpoints.run}
+
+
+def save_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints):
+    state = checkpoint_state(model, optimizer, scheduler, position, history, checkpoints)
     atomic_save(state, path)  # a temporary file renamed into place: a crash never leaves half a checkpoint
 
 
-def load_checkpoint(path, model, optimizer, scheduler, progress, device):
+def load_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints, device):
     checkpoint = torch.load(path, map_location=device, weights_only=True)  # tensors and plain data, never code
     model.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
-    progress.load_state_dict(checkpoint["progress"])
+    position.load_state_dict(checkpoint["position"])
+    history.load_state_dict(checkpoint["history"], position.epoch)
 
 
 def main(argv=None):
@@ -73,42 +100,56 @@ def main(argv=None):
     args = parse(parser, argv)
     if args.profile:
         args.epochs, args.max_steps = 1, min(args.max_steps or 30, 30)
+    checkpoints = CheckpointDir(args, LESSON)
+    resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 
     device = pick_device(args.device)  # cuda if there is a GPU, else cpu
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: cuDNN times its convolutions once, keeps the fastest
+        torch.backends.cuda.matmul.fp32_precision = "tf32"  # float32 matmuls on TF32 tensor cores
     torch.manual_seed(args.seed)
     log0(f"lesson 02: 1 process on {device}")
 
-    train_ds, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples)
+    train_ds, val_ds, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
+                                           args.val_samples, seed=args.seed)  # --val-samples: held out of train
     train_sampler = RandomSampler(train_ds, generator=torch.Generator())  # reseeded every epoch below
-    test_sampler = SequentialSampler(test_ds)
-    train_loader = make_loader(train_ds, args.batch_size, train_sampler, device, args.num_workers, args.data_on_device)
-    test_loader = make_loader(test_ds, args.test_batch_size, test_sampler, device, args.num_workers,
-                              args.data_on_device)
+    train_loader = make_loader(args, train_ds, args.batch_size, train_sampler, device)
+    val_loader = make_loader(args, val_ds, args.test_batch_size, SequentialSampler(val_ds), device) if val_ds else None
+    test_loader = make_loader(args, test_ds, args.test_batch_size, SequentialSampler(test_ds), device)
 
-    model = Net(width=args.width).to(device)
+    model = Net(**model_flags(args)).to(device)
     if args.compile:
-        model = torch.compile(model)  # fuses kernels; the first steps pay for compilation
+        model.compile()  # torch.compile in place (state_dict keys unchanged); the first steps pay for compiling
     optimizer = make_optimizer(args, model.parameters())  # --optimizer, --lr (default: Adadelta, lr 1.0)
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
     warmup_s = warm_up(model, optimizer, train_loader, device, args)  # one-off costs, timed apart, then undone
-    progress = Progress(args, LESSON, device, warmup_seconds=warmup_s)
-    checkpoints = CheckpointDir(args.output_dir, args, LESSON)
-    if (path := checkpoints.resume_from(args.resume)) is not None:  # --resume auto: the newest good checkpoint
-        load_checkpoint(path, model, optimizer, scheduler, progress, device)
+    position, history = Position(), History(args, LESSON, device, warmup_seconds=warmup_s)
+    if resume:  # --resume auto: the newest good checkpoint
+        load_checkpoint(resume, model, optimizer, scheduler, position, history, checkpoints, device)
+    save_config(args, f"{args.output_dir}/config.yaml")  # --config this file replays the run
 
-    for epoch in progress.epochs(args.epochs):
-        train_sampler.generator.manual_seed(args.seed + epoch)  # a new, reproducible order each epoch
-        if args.profile:
-            with profile_steps(device):
-                train(args, model, device, train_loader, optimizer, scheduler, progress)
-            break
-        train(args, model, device, train_loader, optimizer, scheduler, progress)
-        test_stats = test(args, model, device, test_loader)
-        progress.end_epoch(test_stats)  # prints the epoch line, writes metrics.json and curves.png
-        path = checkpoints.path(progress)
-        save_checkpoint(path, model, optimizer, scheduler, progress)
-        checkpoints.prune(path)  # keep the newest --keep-checkpoints
-    return progress.record  # the numbers of metrics.json, e.g. for a notebook
+    with StopSignals(signal.SIGINT, signal.SIGTERM) as stop:  # Ctrl-C, or Slurm's scancel and time limit
+        for epoch in range(position.epoch, args.epochs + 1):
+            train_sampler.generator.manual_seed(args.seed + epoch)  # a new, reproducible order each epoch
+            if args.profile:
+                with profile_steps(device):
+                    train(args, model, device, train_loader, optimizer, scheduler, position, stop)
+                break
+            train_stats = train(args, model, device, train_loader, optimizer, scheduler, position, stop)
+            if stop.request:  # save where we are; the same command with --resume auto continues here
+                save_checkpoint(checkpoints.path(position), model, optimizer, scheduler, position, history, checkpoints)
+                stop.report(position.epoch, position.step)
+                break
+            val_stats = test(args, model, device, val_loader) if val_loader else None
+            history.add(epoch, train_stats, test(args, model, device, test_loader), val_stats, scheduler.get_last_lr()[0])
+            position.next_epoch()
+            path = checkpoints.path(position)
+            save_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints)
+            checkpoints.prune(path, best=history.best_epoch == epoch)  # the newest --keep-checkpoints, and best.pt
+            if history.done(args.patience):  # --target-accuracy reached, or --patience epochs without a better val
+                break
+    history.close()
+    return history.record  # the numbers of metrics.json, e.g. for a notebook
 
 
 if __name__ == "__main__":

@@ -13,45 +13,59 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from common.checkpoints import CheckpointDir
-from common.cli import base_parser, parse, positive_int, run
+from common.cli import base_parser, parse, save_config
 from common.data import load_mnist
-from common.distributed import init_timeout, launch_env, pick_backend, pick_device, restart_safe_store
-from common.errors import CourseError
+from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
+from common.errors import CourseError, on_out_of_memory, run
 from common.files import atomic_save
-from common.loaders import make_loader, steps_per_epoch
+from common.history import History
+from common.loaders import DeviceLoader, loader_options
 from common.log import log0, log_all
 from common.metrics import EpochMeter
-from common.model import Net
+from common.model import Net, count_parameters, model_flags
 from common.optim import make_optimizer, make_scheduler
+from common.position import Position, steps_per_epoch
 from common.profiling import warm_up
-from common.progress import Progress
 from common.samplers import EvalSampler
+from common.signals import StopSignals
 
 LESSON = "04_ddp_training"
 
 
-def train(args, model, device, train_loader, optimizer, scheduler, progress):
+def stop_agreed(stop, group) -> bool:
+    """True on EVERY rank if a request reached ANY rank: all must stop at the same step, or some wait for ever."""
+    request = torch.tensor([stop.request])  # a CPU tensor on a gloo group: asking never waits for the GPU
+    dist.all_reduce(request, op=dist.ReduceOp.MAX, group=group)
+    stop.request = int(request)
+    return stop.request > 0
+
+
+def train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group):
+    """One epoch, from position.step on. Leaves early, between two steps, when a stop was requested."""
     model.train()
-    batches = progress.batches(train_loader, per_step=args.grad_accum)  # skips what a restarted epoch did
-    for i, (data, target) in enumerate(batches, 1):
+    meter = EpochMeter(device)
+    for i, (data, target) in enumerate(position.remaining(train_loader, args)):  # a resumed epoch skips its steps
+        if i % args.grad_accum == 0 and position.step % 10 == 0 and stop_agreed(stop, stop_group):  # every 10 steps
+            break  # between two optimizer steps; the caller saves a checkpoint here
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
-        sync_now = i % args.grad_accum == 0  # the last micro-batch of an optimizer step
-        # no_sync(): accumulate local gradients and skip the all_reduce until the last micro-batch.
-        with nullcontext() if sync_now else model.no_sync():
+        sync_now = (i + 1) % args.grad_accum == 0  # the last micro-batch of an optimizer step
+        with nullcontext() if sync_now else model.no_sync():  # no_sync(): no all_reduce until the last one
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
                 output = model(data)
             loss = F.nll_loss(output.float(), target)
-            (loss / args.grad_accum).backward()  # DDP all_reduces (averages) the gradients here when syncing
+            (loss / args.grad_accum).backward()  # when syncing, DDP all_reduces (averages) the gradients here
         if sync_now:
-            if args.clip_grad:  # the norm over ALL parameters: DDP's gradients are already averaged, the same everywhere
+            if args.clip_grad:  # DDP's gradients are already averaged, the same on every rank: so is the norm
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
             optimizer.step()
             scheduler.step()  # the learning rate schedule advances once per optimizer step
             optimizer.zero_grad(set_to_none=True)
-        progress.add_loss(loss, len(data))
+            position.step += 1
+        meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so the epoch's mean is exact
+    return meter.reduce()
 
 
 @torch.no_grad()
@@ -67,91 +81,112 @@ def test(args, model, device, test_loader):
     return meter.reduce()
 
 
-def save_checkpoint(path, model, optimizer, scheduler, progress):
+def make_loader(args, dataset, batch_size, sampler, device):
+    """Batches of the sampler's indices: a DataLoader, or with --data-on-device slices of tensors on the GPU."""
+    if args.data_on_device:
+        return DeviceLoader(dataset, batch_size, sampler, device)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **loader_options(args, device))
+
+
+def checkpoint_state(model, optimizer, scheduler, position, history, checkpoints):
     """Everything needed to continue: weights, optimizer and schedule state, and how far training got."""
-    state = {"model": model.module.state_dict(),  # .module: the plain Net inside DDP
-             "optimizer": optimizer.state_dict(),  # progress.state_dict() is a collective: every rank's RNG
-             "scheduler": scheduler.state_dict(), "progress": progress.state_dict()}
+    return {"model": model.module.state_dict(),  # .module: the plain Net inside DDP
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "position": position.state_dict(), "history": history.state_dict(), "run": checkpoints.run}
+
+
+def save_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints):
+    # Every rank builds the state: position.state_dict() gathers every rank's random state (a collective).
+    state = checkpoint_state(model, optimizer, scheduler, position, history, checkpoints)
     if dist.get_rank() == 0:  # the replicas are identical: one file, written by rank 0
         atomic_save(state, path)  # a temporary file renamed into place: a crash never leaves half a checkpoint
     dist.barrier()  # no rank goes on (or reads it) before the file is complete
 
 
-def load_checkpoint(path, model, optimizer, scheduler, progress, device):
+def load_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints, device):
     # Every rank reads the file; map_location puts rank 0's saved tensors on THIS rank's device.
     checkpoint = torch.load(path, map_location=device, weights_only=True)  # tensors and plain data, never code
     model.module.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
-    progress.load_state_dict(checkpoint["progress"])
+    position.load_state_dict(checkpoint["position"])
+    history.load_state_dict(checkpoint["history"], position.epoch)
 
 
 def main(argv=None):
     parser = base_parser(LESSON, "Lesson 04: MNIST with DistributedDataParallel (torchrun or srun)")
-    parser.add_argument("--grad-accum", type=positive_int, default=1,
-                        help="micro-batches per optimizer step; the all_reduce runs once per step (default: 1)")
-    parser.add_argument("--clip-grad", type=float, metavar="MAX_NORM", help="clip the gradients' norm (default: off)")
     parser.add_argument("--sync-bn", action="store_true",
                         help="add BatchNorm and synchronise its statistics across GPUs (GPU only)")
     args = parse(parser, argv)
+    checkpoints = CheckpointDir(args, LESSON)
+    resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables
     device = pick_device(args.device, env)  # cuda:LOCAL_RANK: the GPU is chosen by the rank WITHIN the node
     if device.type == "cuda":
         torch.cuda.set_device(device)  # this process uses this GPU, and only this one
-    dist.init_process_group(backend=pick_backend(device), timeout=init_timeout(),  # meet at MASTER_ADDR:PORT
-                            rank=env.rank, world_size=env.world_size, store=restart_safe_store(env),
-                            device_id=device if device.type == "cuda" else None)  # binds NCCL to the GPU now
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: cuDNN times its convolutions once, keeps the fastest
+        torch.backends.cuda.matmul.fp32_precision = "tf32"  # float32 matmuls on TF32 tensor cores
+    dist.init_process_group(backend=dist.get_default_backend_for_device(device),  # nccl for cuda, gloo for cpu
+                            timeout=init_timeout(), rank=env.rank, world_size=env.world_size,  # meet at MASTER_ADDR:PORT
+                            store=restart_safe_store(env), device_id=device if device.type == "cuda" else None)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # rank 0 of world_size does the writing
+    stop_group = dist.new_group(backend="gloo")  # a CPU side channel for stop_agreed, next to the GPUs' NCCL
     log_all(f"host {socket.gethostname()} rank {rank}/{world_size} local_rank {env.local_rank} "
             f"device {device} backend {dist.get_backend()}")
     if args.sync_bn and device.type != "cuda":
         raise CourseError("--sync-bn needs GPUs (SyncBatchNorm only works with CUDA modules): drop it on CPU")
     torch.manual_seed(args.seed)  # the same seed on every rank: identical initial weights
 
-    train_ds, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
-                                   is_main=rank == 0, barrier=dist.barrier)  # rank 0 downloads, the rest wait
+    train_ds, val_ds, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
+                                           args.val_samples, seed=args.seed,  # the same split on every rank
+                                           is_main=rank == 0, barrier=dist.barrier)  # rank 0 downloads, the rest wait
     # Shard by GLOBAL rank: with the local rank, every node would train on the same shard.
     train_sampler = DistributedSampler(train_ds, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
-    test_sampler = EvalSampler(test_ds, num_replicas=world_size, rank=rank)  # no padded duplicates
-    train_loader = make_loader(train_ds, args.batch_size, train_sampler, device, args.num_workers, args.data_on_device)
-    test_loader = make_loader(test_ds, args.test_batch_size, test_sampler, device, args.num_workers,
-                              args.data_on_device)
+    train_loader = make_loader(args, train_ds, args.batch_size, train_sampler, device)
+    # EvalSampler: every image on exactly one rank (DistributedSampler would pad with duplicates); sums over ranks.
+    val_loader = make_loader(args, val_ds, args.test_batch_size, EvalSampler(val_ds), device) if val_ds else None
+    test_loader = make_loader(args, test_ds, args.test_batch_size, EvalSampler(test_ds), device)
 
-    model = Net(width=args.width, batch_norm=args.sync_bn).to(device)
-    if args.sync_bn:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over ALL ranks
-    if args.compile:
-        model = torch.compile(model)  # fuses kernels; the first steps pay for compilation
+    model = Net(**model_flags(args), batch_norm=args.sync_bn).to(device)
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # --sync-bn: BatchNorm statistics over ALL ranks
+    on_out_of_memory(f"the model's {count_parameters(model) / 1e6:,.0f} M parameters need {16 * count_parameters(model) / 2**30:.1f}"
+                     f" GiB for weights, gradients and AdamW state on EVERY GPU under DDP: shard them with FSDP2 (lesson 05)")
     # DDP broadcasts rank 0's weights at construction, then all_reduces gradients in backward.
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                 gradient_as_bucket_view=True)  # gradients live in the all_reduce buckets: one copy less
+    if args.compile:
+        model.compile()  # torch.compile in place, AFTER the wrap: DDP splits the graph at its buckets
     torch.manual_seed(args.seed + rank)  # from here on each rank its own stream: different dropout masks
-    log0(f"lesson 04: {world_size} processes, {args.batch_size} images each per micro-batch, "
-         f"effective batch {args.batch_size * args.grad_accum * world_size}")
+    log0(f"lesson 04: {world_size} process{'es' if world_size > 1 else ''}, {args.batch_size} images each per "
+         f"micro-batch, effective batch {args.batch_size * args.grad_accum * world_size}")
     optimizer = make_optimizer(args, model.parameters(), world_size)  # --lr-scaling uses the world size
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
     warmup_s = warm_up(model, optimizer, train_loader, device, args)  # one-off costs, timed apart, then undone
-    progress = Progress(args, LESSON, device, world_size, warmup_seconds=warmup_s)
-    progress.stop_on(signal.SIGUSR1, signal.SIGTERM)  # Slurm: time limit near, or preemption
-    checkpoints = CheckpointDir(args.output_dir, args, LESSON)
-    if (path := checkpoints.resume_from(args.resume)) is not None:  # --resume auto: the newest good checkpoint
-        load_checkpoint(path, model, optimizer, scheduler, progress, device)
+    position, history = Position(), History(args, LESSON, device, warmup_seconds=warmup_s)
+    if resume:  # --resume auto: the newest good checkpoint
+        load_checkpoint(resume, model, optimizer, scheduler, position, history, checkpoints, device)
+    save_config(args, f"{args.output_dir}/config.yaml")  # --config this file replays the run
 
-    for epoch in progress.epochs(args.epochs):
-        train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        train(args, model, device, train_loader, optimizer, scheduler, progress)
-        if progress.stopped:  # every rank agreed: save where we are, and let Slurm restart the job
-            save_checkpoint(checkpoints.path(progress), model, optimizer, scheduler, progress)
-            progress.requeue()
-            break
-        test_stats = test(args, model, device, test_loader)
-        progress.end_epoch(test_stats)  # prints the epoch line, writes metrics.json and curves.png
-        path = checkpoints.path(progress)
-        save_checkpoint(path, model, optimizer, scheduler, progress)
-        checkpoints.prune(path)  # keep the newest --keep-checkpoints
+    with StopSignals(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as stop:  # + Slurm's warning before the limit
+        for epoch in range(position.epoch, args.epochs + 1):
+            train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+            train_stats = train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group)
+            if stop.request:  # all ranks agreed: save where we are; --resume auto (or Slurm's requeue) continues
+                save_checkpoint(checkpoints.path(position), model, optimizer, scheduler, position, history, checkpoints)
+                stop.report(position.epoch, position.step)
+                break
+            val_stats = test(args, model, device, val_loader) if val_loader else None
+            history.add(epoch, train_stats, test(args, model, device, test_loader), val_stats, scheduler.get_last_lr()[0])
+            position.next_epoch()
+            path = checkpoints.path(position)
+            save_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints)
+            checkpoints.prune(path, best=history.best_epoch == epoch)  # the newest --keep-checkpoints, and best.pt
+            if history.done(args.patience):  # --target-accuracy reached, or --patience epochs without a better val
+                break
+    history.close()
     dist.destroy_process_group()
-    return progress.record  # the numbers of metrics.json, e.g. for a notebook
+    return history.record  # the numbers of metrics.json, e.g. for a notebook
 
 
 if __name__ == "__main__":

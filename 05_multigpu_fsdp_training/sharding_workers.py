@@ -16,7 +16,7 @@ from torch.distributed.fsdp import fully_shard
 
 from common.model import Net
 
-SHOWN = ("conv1.weight", "fc1.weight", "fc2.bias")  # three parameters to print, small to large
+SHOWN = ("features.0.weight", "fc1.weight", "fc2.bias")  # three parameters to print, small to large
 
 
 def say(text):
@@ -30,8 +30,8 @@ def sharded_net(seed):
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))  # 1-D mesh: all ranks, one after another
     torch.manual_seed(seed)
     model = Net()
-    for layer in (model.conv1, model.conv2, model.fc1, model.fc2):
-        fully_shard(layer, mesh=mesh)  # each layer: one all_gather just before it runs, freed after
+    for unit in (model.features, model.fc1, model.fc2):
+        fully_shard(unit, mesh=mesh)  # each unit: one all_gather just before it runs, freed after
     fully_shard(model, mesh=mesh)  # the root: whatever is left
     return model
 
@@ -42,7 +42,7 @@ def show_shards():
     model = sharded_net(seed=0)
     for name in SHOWN:
         p = model.get_parameter(name)  # a DTensor: a global shape, and this rank's piece
-        say(f"{name:<12} {type(p).__name__} global {tuple(p.shape)} placements {p.placements} "
+        say(f"{name:<17} {type(p).__name__} global {tuple(p.shape)} placements {p.placements} "
             f"local shard {tuple(p.to_local().shape)}")
     mine = sum(p.to_local().numel() for p in model.parameters())
     total = sum(p.numel() for p in model.parameters())

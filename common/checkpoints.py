@@ -17,46 +17,63 @@ import torch.distributed.checkpoint as dcp
 
 from common.distributed import barrier, is_main_process
 from common.errors import CourseError, one_line
-from common.log import log0
-from common.progress import FORMAT, compatibility
+from common.log import log0, plural
 
 NAME = re.compile(r"^ckpt-e(\d{4})-s(\d{7})(\.pt)?$")
+FORMAT = "distributed-pytorch-course/v3"
+# A checkpoint continues a run only if these agree (the rest, e.g. --epochs or the world size, may change).
+# --max-steps is here because its epochs are cut short: a --max-steps run must not pass for a full one.
+COMPATIBLE = ("data", "train_samples", "val_samples", "width", "blocks", "hidden", "sync_bn", "optimizer",
+              "schedule", "max_steps")
 
 
-def read_progress(path) -> dict:
-    """The Progress state saved in a checkpoint file (.pt) or DCP folder; one-line CourseError if unreadable."""
+def signature(args, lesson: str) -> dict:
+    """What kind of run wrote a checkpoint: saved in it as "run", compared on resume."""
+    return {"format": FORMAT, "lesson": lesson, **{k: getattr(args, k, None) for k in COMPATIBLE}}
+
+
+def read_meta(path) -> dict:
+    """{"run": signature, "position": {epoch, step, rng}} of a checkpoint file (.pt) or DCP folder; one-line
+    CourseError if it is unreadable or not the course's."""
     path = Path(path)
     if not path.exists():
         raise CourseError(f"checkpoint {path} does not exist: check --resume")
     try:
         if path.is_dir():
-            template = {"progress": {"format": "", "epoch": 0, "step": 0, "rng": b"",
-                                     "run": {k: None for k in compatibility(None, "")}}}
-            dcp.load(template, checkpoint_id=path)  # reads only these few values, on every rank
-            state = template["progress"]
+            state = {"run": {k: None for k in signature(None, "")}, "position": {"epoch": 0, "step": 0, "rng": b""}}
+            dcp.load(state, checkpoint_id=path)  # reads only these few values, on every rank
         else:
-            state = torch.load(path, map_location="cpu", weights_only=True)["progress"]
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = {"run": state["run"], "position": state["position"]}
     except BaseException as exc:  # DCP's CheckpointException derives from BaseException
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         raise CourseError(f"{path} is not a readable checkpoint (truncated, or not written by this course): "
                           f"{one_line(exc, 200)}") from None
-    if state.get("format") != FORMAT:
+    if state["run"].get("format") != FORMAT:
         raise CourseError(f"{path} was not written by this version of the course: start fresh or pass another")
     return state
 
 
 class CheckpointDir:
-    """OUTPUT_DIR/checkpoints. sharded=False: one .pt per checkpoint (lessons 02-04); True: DCP folders (05)."""
+    """OUTPUT_DIR/checkpoints. sharded=False: one .pt per checkpoint (lessons 02-04); True: DCP folders (05).
 
-    def __init__(self, output_dir, args, lesson: str, sharded: bool = False):
-        self.dir = Path(output_dir) / "checkpoints"
-        self.run = compatibility(args, lesson)
-        self.keep, self.sharded = args.keep_checkpoints, sharded
+    A --dry-run writes its checkpoints to OUTPUT_DIR/dry-run-checkpoints instead, emptied at its start:
+    they exercise the saving code but never pass for a real run's, and never block the next run.
+    """
 
-    def path(self, progress) -> Path:
-        """Where the checkpoint of `progress` goes: epochs completed and steps done in the next epoch."""
-        return self.dir / f"ckpt-e{progress.epoch - 1:04d}-s{progress.step:07d}{'' if self.sharded else '.pt'}"
+    def __init__(self, args, lesson: str, sharded: bool = False):
+        self.dir = Path(args.output_dir) / ("dry-run-checkpoints" if args.dry_run else "checkpoints")
+        where = self.dir if args.dry_run else Path(args.output_dir)
+        self.best_path = where / ("best" if sharded else "best.pt")  # the best validation epoch's checkpoint
+        self.run = signature(args, lesson)
+        self.keep, self.sharded, self.epochs = args.keep_checkpoints, sharded, args.epochs
+        if args.dry_run and is_main_process():
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def path(self, position) -> Path:
+        """Where the checkpoint of `position` goes: epochs completed and steps done in the next epoch."""
+        return self.dir / f"ckpt-e{position.epoch - 1:04d}-s{position.step:07d}{'' if self.sharded else '.pt'}"
 
     def all(self) -> list[Path]:
         """The checkpoints in the folder, newest first."""
@@ -65,8 +82,9 @@ class CheckpointDir:
         return sorted((p for p in self.dir.iterdir() if NAME.match(p.name)), key=lambda p: p.name, reverse=True)
 
     def resume_from(self, spec: str | None) -> Path | None:
-        """Every rank calls it. None: a fresh run (refused if the folder holds checkpoints); "auto": the newest
-        one that reads back (None if there is none); else that path. The checkpoint must fit this run."""
+        """Every rank calls it, before any data is loaded. None: a fresh run (refused if the folder holds
+        checkpoints); "auto": the newest one that reads back (None if there is none); else that path.
+        The checkpoint must come from the same kind of run (COMPATIBLE)."""
         if is_main_process() and self.dir.is_dir():
             for stale in self.dir.glob("*.tmp"):  # shards of a save that was killed
                 shutil.rmtree(stale, ignore_errors=True)
@@ -80,7 +98,7 @@ class CheckpointDir:
             path, saved = None, None
             for candidate in self.all():  # the newest that reads back: a save cut short is skipped
                 try:
-                    path, saved = candidate, read_progress(candidate)
+                    path, saved = candidate, read_meta(candidate)
                     break
                 except CourseError as exc:
                     log0(f"resume: skipping {candidate} ({exc})")
@@ -88,18 +106,38 @@ class CheckpointDir:
                 log0(f"resume: starting fresh (no checkpoint in {self.dir})")
                 return None
         else:
-            path, saved = Path(spec), read_progress(spec)
-        differ = [f"{k} {saved['run'].get(k)!r} there, {v!r} here" for k, v in self.run.items() if saved["run"].get(k) != v]
+            path, saved = Path(spec), read_meta(spec)
+        differ = [f"{k} {saved['run'].get(k)!r} there, {v!r} here" for k, v in self.run.items()
+                  if saved["run"].get(k) != v]
         if differ:
             raise CourseError(f"{path} is from another kind of run ({'; '.join(differ)}): use the same flags, "
                               f"or start fresh with another --output-dir")
-        log0(f"resume: from {path}, continuing at epoch {saved['epoch']} step {saved['step']}")
+        epoch, step = saved["position"]["epoch"], saved["position"]["step"]
+        log0(f"resume: from {path}, continuing at epoch {epoch} step {step}")
+        if epoch > self.epochs:
+            log0(f"nothing to train: the checkpoint has finished {plural(epoch - 1, 'epoch')} and --epochs is "
+                 f"{self.epochs} (raise --epochs to train more)")
         return path
 
-    def prune(self, just_written: Path) -> None:
-        """After a save: keep the newest `keep` checkpoints, always including the one just written (rank 0 does it)."""
+    def prune(self, just_written: Path, best: bool = False) -> None:
+        """After a save (rank 0 does it): keep the newest `keep` checkpoints, always including the one just
+        written; with best=True (the best validation so far) keep a copy of it as best.pt (a DCP folder: best)."""
         if not is_main_process():
             return
+        if best:
+            self._keep_as_best(just_written)
         older = [p for p in self.all() if p != just_written]
         for old in older[self.keep - 1:]:
             shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+    def _keep_as_best(self, path: Path) -> None:
+        """Copy, then rename into place: a crash leaves the previous best whole."""
+        best = self.best_path
+        scratch, old = best.with_name(best.name + ".tmp"), best.with_name(best.name + ".old")
+        for leftover in (scratch, old):
+            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+        shutil.copytree(path, scratch) if path.is_dir() else shutil.copyfile(path, scratch)
+        if best.exists():
+            best.rename(old)
+        scratch.rename(best)
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)

@@ -1,10 +1,17 @@
-"""The command line every lesson script shares, so that `diff` between lessons shows only the new idea."""
+"""The command line every lesson script shares, so that `diff` between lessons shows only the new idea.
+
+Every flag is range-checked when it is parsed; a mistake is one line (`error: ...`) and exit code 2.
+`--config FILE` (YAML or TOML, keys = flag names) sets defaults that flags on the command line override;
+every run writes its resolved config.yaml, so `--config runs/X/config.yaml` replays it.
+"""
 from __future__ import annotations
 
 import argparse
-import gc
+import difflib
+import json
 import os
 import sys
+from pathlib import Path
 
 from common.data import default_data_dir
 from common.errors import CourseError
@@ -28,50 +35,78 @@ def default_num_workers() -> int:
     return max(0, min(8, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1))
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+def _number(kind, low, low_ok: bool, high=None, example=""):
+    """An argparse type: a `kind` number above `low` (or equal if low_ok) and at most `high`."""
+    def check(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if value < low or (value == low and not low_ok) or (high is not None and value > high):
+            bound = f"{'>=' if low_ok else '>'} {low}" + (f" and <= {high}" if high is not None else "")
+            raise argparse.ArgumentTypeError(f"must be {bound}{example}, got {text}")
+        return value
+    return check
 
 
-def fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], e.g. 0.99, got {value}")
-    return value
+positive_int = _number(int, 1, True)
+count = _number(int, 0, True)  # zero allowed
+positive_float = _number(float, 0, False)
+fraction = _number(float, 0, False, 1, example=", e.g. 0.99")
+decay = _number(float, 0, False, 1, example=", e.g. 0.7")
 
 
-def base_parser(lesson: str, description: str) -> argparse.ArgumentParser:
+class Parser(argparse.ArgumentParser):
+    """argparse, with no abbreviations (--data is not --data-dir) and mistakes reported on one line."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        raise CourseError(f"{message} (see {Path(self.prog).name} --help)")
+
+
+def base_parser(lesson: str, description: str) -> Parser:
     """Flags shared by lessons 02-05; each lesson adds its own after this."""
-    p = argparse.ArgumentParser(description=description)
+    p = Parser(description=description)
+    p.add_argument("--config", metavar="FILE", help="YAML or TOML file of flag values; command-line flags win "
+                   "(e.g. a run's own runs/X/config.yaml) (default: none)")
     p.add_argument("--data", choices=["mnist", "synthetic"], default="mnist",
                    help="real MNIST, or synthetic digits written as genuine MNIST files (offline) (default: mnist)")
     p.add_argument("--data-dir", default=default_data_dir(),
                    help="folder holding MNIST/raw (default: $WORKSHOP_DATA_DIR or ./data)")
     p.add_argument("--train-samples", type=positive_int, default=None, help="use the first N training images (default: all)")
+    p.add_argument("--val-samples", type=count, default=0,
+                   help="hold N of the training images out for validation and early stopping (default: 0, none)")
     p.add_argument("--test-samples", type=positive_int, default=None, help="use the first N test images (default: all)")
     p.add_argument("--epochs", type=positive_int, default=14, help="number of epochs to train (default: 14)")
+    p.add_argument("--patience", type=positive_int, default=None,
+                   help="early stopping: stop after N epochs without a better validation accuracy (needs "
+                        "--val-samples) (default: off)")
     p.add_argument("--batch-size", type=positive_int, default=64, help="training batch size PER PROCESS (default: 64)")
     p.add_argument("--test-batch-size", type=positive_int, default=1000, help="test batch size per process (default: 1000)")
     p.add_argument("--optimizer", choices=["adadelta", "adamw", "sgd"], default="adadelta",
                    help="adadelta is the classic recipe; adamw and sgd for large batches (default: adadelta)")
-    p.add_argument("--lr", type=float, default=None,
+    p.add_argument("--lr", type=positive_float, default=None,
                    help="learning rate for ONE process and one micro-batch (default: 1.0 adadelta, 1e-3 adamw, 0.05 sgd)")
     p.add_argument("--lr-scaling", choices=["none", "linear", "sqrt"], default="none",
                    help="multiply --lr by (processes x --grad-accum), or its square root (default: none)")
     p.add_argument("--schedule", choices=["step", "onecycle"], default="step",
                    help="step: lr x gamma after every epoch; onecycle: up then down over the whole run (default: step)")
-    p.add_argument("--gamma", type=float, default=0.7, help="learning-rate decay per epoch of --schedule step (default: 0.7)")
-    p.add_argument("--warmup-steps", type=int, default=0,
+    p.add_argument("--gamma", type=decay, default=0.7, help="learning-rate decay per epoch of --schedule step (default: 0.7)")
+    p.add_argument("--warmup-steps", type=count, default=0,
                    help="ramp the lr up linearly over the first N optimizer steps (default: 0)")
+    p.add_argument("--grad-accum", type=positive_int, default=1,
+                   help="micro-batches per optimizer step (effective batch x N); DDP/FSDP sync once per step (default: 1)")
+    p.add_argument("--clip-grad", type=positive_float, metavar="MAX_NORM", help="clip the gradients' norm (default: off)")
     p.add_argument("--target-accuracy", type=fraction, default=None,
                    help="stop after the first epoch whose test accuracy reaches this, e.g. 0.99 (default: run all epochs)")
-    p.add_argument("--seed", type=int, default=1, help="random seed (default: 1)")
+    p.add_argument("--seed", type=count, default=1, help="random seed (default: 1)")
     p.add_argument("--max-steps", type=positive_int, default=None, help="stop each epoch after N optimizer steps (default: no cap)")
-    p.add_argument("--dry-run", action="store_true", help="smoke test: 1 epoch of 2 steps")
+    p.add_argument("--dry-run", action="store_true",
+                   help="smoke test: 1 epoch of 2 steps; its checkpoints go to OUTPUT_DIR/dry-run-checkpoints")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto picks cuda:LOCAL_RANK if there is a GPU (default: auto)")
-    p.add_argument("--num-workers", type=int, default=default_num_workers(),
+    p.add_argument("--num-workers", type=count, default=default_num_workers(),
                    help="DataLoader worker processes (default: from SLURM_CPUS_PER_TASK, else the usable CPUs per process - 1)")
     p.add_argument("--output-dir", default=os.path.join("runs", lesson), help=f"where metrics, plots and checkpoints go (default: runs/{lesson})")
     p.add_argument("--resume", default=None,
@@ -82,9 +117,71 @@ def base_parser(lesson: str, description: str) -> argparse.ArgumentParser:
                    help="hold the whole dataset as tensors on the device instead of a DataLoader (fast)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (first steps are slow)")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast for forward passes")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write TensorBoard event files to OUTPUT_DIR/tensorboard (pip install tensorboard)")
     p.add_argument("--width", type=positive_int, default=1,
-                   help="multiply the CNN's hidden sizes; parameters grow ~width^2 (1: 1.2 M, 10: 120 M) (default: 1)")
+                   help="multiply the CNN's channels and hidden size: ACTIVATIONS grow with it (1: 1.2 M, 10: 120 M "
+                        "parameters) (default: 1)")
+    p.add_argument("--blocks", type=count, default=0,
+                   help="add N hidden-to-hidden blocks after fc1: PARAMETERS grow, activations barely (default: 0)")
+    p.add_argument("--hidden", type=positive_int, default=None,
+                   help="width of fc1 and the blocks (default: 128 x --width, the classic 128)")
     return p
+
+
+def _read_config(path: str) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise CourseError(f"--config {path}: {exc.strerror}: check the path") from None
+    try:
+        if path.endswith(".toml"):
+            import tomllib
+            values = tomllib.loads(text)
+        else:
+            import yaml
+            values = yaml.safe_load(text) or {}
+    except Exception as exc:  # the parsers' own error types differ
+        raise CourseError(f"--config {path} is not valid {'TOML' if path.endswith('.toml') else 'YAML'}: "
+                          f"{' '.join(str(exc).split())[:200]}") from None
+    if not isinstance(values, dict):
+        raise CourseError(f"--config {path}: expected `flag: value` lines, e.g. `epochs: 3`")
+    return values
+
+
+def _apply_config(parser: Parser, path: str) -> None:
+    """Make the file's values the parser's defaults, each checked by its flag's own type and choices."""
+    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
+    defaults = {}
+    for key, value in _read_config(path).items():
+        dest = str(key).replace("-", "_")
+        if dest not in actions:
+            close = difflib.get_close_matches(dest, actions, n=1)
+            hint = f": did you mean {close[0].replace('_', '-')}?" if close else ": see --help for the flags"
+            raise CourseError(f"--config {path}: unknown key {key!r}{hint}")
+        action = actions[dest]
+        if value is not None and action.type is not None and not isinstance(value, bool):
+            try:
+                value = action.type(str(value))
+            except argparse.ArgumentTypeError as exc:
+                raise CourseError(f"--config {path}: {key}: {exc}") from None
+        if action.choices is not None and value not in action.choices:
+            raise CourseError(f"--config {path}: {key}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+        defaults[dest] = value
+    parser.set_defaults(**defaults)
+
+
+def parse(parser: Parser, argv=None) -> argparse.Namespace:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    first, _ = parser.parse_known_args(argv)  # only to find --config
+    if first.config:
+        _apply_config(parser, first.config)
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.epochs, args.max_steps = 1, 2
+    if args.patience and not args.val_samples:
+        raise CourseError("--patience needs a validation set: add --val-samples N (e.g. 5000)")
+    return args
 
 
 def args_to_dict(args) -> dict:
@@ -92,33 +189,11 @@ def args_to_dict(args) -> dict:
     return {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in vars(args or argparse.Namespace()).items()}
 
 
-def parse(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
-    args = parser.parse_args(argv)
-    if args.dry_run:
-        args.epochs, args.max_steps = 1, 2
-    return args
-
-
-def _port_in_use(exc: BaseException) -> bool:
-    text = str(exc)
-    return "EADDRINUSE" in text or "address already in use" in text.lower()
-
-
-def run(main, argv=None) -> None:
-    """Call main(); a problem the user can fix becomes one line on stderr and exit code 2, not a traceback wall."""
-    try:
-        main(argv)
-        # destroy_process_group() leaves gloo's last tensors to its worker threads; freeing them now, not
-        # during interpreter shutdown, avoids a "terminate called without an active exception" at exit.
-        gc.collect()
-    except CourseError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    except RuntimeError as exc:  # torch.distributed.DistNetworkError is one
-        if not _port_in_use(exc):
-            raise
-        port, addr = os.environ.get("MASTER_PORT"), os.environ.get("MASTER_ADDR")
-        from common.distributed import free_port
-        print(f"error: MASTER_PORT {port} is already in use on {addr}: pick another, e.g. MASTER_PORT={free_port()} "
-              f"(torchrun: --master_port or --rdzv_endpoint)", file=sys.stderr, flush=True)
-        sys.exit(2)
+def save_config(args, path) -> None:
+    """The resolved flags as YAML (one `flag: value` line each): `--config PATH` runs the same again."""
+    from common.files import atomic_write
+    skip = {"config", "resume", "dry_run"}  # how THIS run was started, not what it trains
+    lines = [f"{k.replace('_', '-')}: {json.dumps(v)}" for k, v in args_to_dict(args).items() if k not in skip]
+    with atomic_write(path, "w") as f:
+        f.write("# written by the run itself: replay it with --config this-file (and another --output-dir)\n")
+        f.write("\n".join(lines) + "\n")

@@ -25,7 +25,6 @@ from common.synthetic import write_synthetic_mnist
 
 MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
-KINDS = ("mnist", "synthetic")
 RAW_FILES = {  # file name -> IDX magic number
     "train-images-idx3-ubyte": 2051,
     "train-labels-idx1-ubyte": 2049,
@@ -74,8 +73,9 @@ def _idx_problem(path: Path) -> str | None:
 
 def _missing_error(raw: Path, reason: str) -> CourseError:
     return CourseError(
-        f"MNIST not found in {raw} ({one_line(reason)}): run `python 01_setup/download_mnist.py "
-        f"--data-dir {raw.parent.parent}` on a login node with internet, or pass --data synthetic")
+        f"MNIST not found in {raw} ({one_line(reason)}): check --data-dir, or run `python 01_setup/download_mnist.py "
+        f"--data-dir {raw.parent.parent}` on a machine with internet (offline: train with --data synthetic, "
+        f"or `download_mnist.py --synthetic`)")
 
 
 def _extract_gz(gz: Path, dest: Path) -> None:
@@ -93,6 +93,7 @@ def _download(root: Path) -> str | None:
     $MNIST_MIRROR (a base URL) replaces torchvision's mirrors for this call only.
     """
     cls = torchvision.datasets.MNIST
+    created = [p for p in (Path(root), raw_folder(root).parent, raw_folder(root)) if not p.exists()]
     saved_mirrors, saved_timeout = cls.mirrors, socket.getdefaulttimeout()
     mirror = os.environ.get("MNIST_MIRROR")
     if mirror:
@@ -108,6 +109,8 @@ def _download(root: Path) -> str | None:
             except Exception as e:  # torchvision raises RuntimeError, URLError, OSError, ...
                 reason = f"download failed: {e if isinstance(e, RuntimeError) else f'{type(e).__name__}: {e}'}"
             gc.collect()  # torchvision leaves failed HTTP responses open: finalise them here, quietly
+            if created:  # a mistyped --data-dir must not leave empty folders behind
+                shutil.rmtree(created[0], ignore_errors=True)
             return reason
     finally:
         cls.mirrors = saved_mirrors
@@ -161,9 +164,23 @@ def _first(ds, n, what: str):
     return Subset(ds, range(n))
 
 
-def load_mnist(data_dir, kind: str = "mnist", train_samples=None, test_samples=None,
-               is_main: bool = True, barrier=None, download: bool = True, seed: int = 0):
-    """Return (train_ds, test_ds): the first `train_samples` / `test_samples` examples (all if None).
+def split_validation(train, val_samples: int, seed: int):
+    """(train, validation): `val_samples` images drawn from `train` by `seed`, the same on every rank; the rest
+    stay in order. No image is in both; with val_samples 0 the training set is unchanged and there is none."""
+    if not val_samples:
+        return train, None
+    if val_samples >= len(train):
+        raise CourseError(f"--val-samples {val_samples} leaves no training images out of {len(train)}: lower it")
+    held_out = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:val_samples]
+    keep = torch.ones(len(train), dtype=torch.bool)
+    keep[held_out] = False
+    return Subset(train, keep.nonzero().flatten().tolist()), Subset(train, held_out.sort().values.tolist())
+
+
+def load_mnist(data_dir, kind: str = "mnist", train_samples=None, test_samples=None, val_samples: int = 0,
+               seed: int = 0, is_main: bool = True, barrier=None, download: bool = True):
+    """Return (train, validation or None, test): the first `train_samples` / `test_samples` examples (all if
+    None), with `val_samples` of the training ones held out (split_validation, by `seed`).
 
     Only the main process prepares the files; `barrier` (a callable, e.g. dist.barrier) makes the
     other ranks wait for it. Every process then opens the files with torchvision.
@@ -172,7 +189,7 @@ def load_mnist(data_dir, kind: str = "mnist", train_samples=None, test_samples=N
     failure = None
     if is_main:
         try:
-            prepare_data(data_dir, kind, download=download, seed=seed)
+            prepare_data(data_dir, kind, download=download)
         except Exception as e:
             failure = e
     # On failure main still reaches the barrier (so no rank hangs), then raises; the others find the files missing.
@@ -191,13 +208,5 @@ def load_mnist(data_dir, kind: str = "mnist", train_samples=None, test_samples=N
     tf = mnist_transform()
     train = torchvision.datasets.MNIST(str(root), train=True, download=False, transform=tf)
     test = torchvision.datasets.MNIST(str(root), train=False, download=False, transform=tf)
-    return _first(train, train_samples, "train-samples"), _first(test, test_samples, "test-samples")
-
-
-def loader_kwargs(device, num_workers: int) -> dict:
-    """DataLoader options: pinned memory only for CUDA, persistent workers only with workers."""
-    return {
-        "num_workers": num_workers,
-        "pin_memory": torch.device(device).type == "cuda",
-        "persistent_workers": num_workers > 0,
-    }
+    train, val = split_validation(_first(train, train_samples, "train-samples"), val_samples, seed)
+    return train, val, _first(test, test_samples, "test-samples")

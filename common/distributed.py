@@ -1,7 +1,8 @@
 """Launcher plumbing: turn what torchrun or srun tells a process into what init_process_group reads.
 
-The lesson scripts call torch.distributed themselves (init_process_group, set_device, barrier,
-destroy_process_group). This module only translates and checks. Three launch styles are recognised:
+The lesson scripts call torch.distributed themselves (init_process_group with the backend
+dist.get_default_backend_for_device picks, set_device, barrier, destroy_process_group) and set
+the GPU switches (cuDNN autotune, TF32) in plain sight. This module only translates and checks. Three launch styles are recognised:
   torchrun (or any env:// launcher)  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT
   srun, one task per GPU             SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_JOB_NODELIST
   a plain `python script.py`         one process
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from common.errors import CourseError
 from common.hostlist import expand_hostlist
+from common.launcher import free_port
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -122,8 +123,6 @@ def pick_device(requested: str = "auto", launch: LaunchEnv | None = None) -> tor
     else:
         raise CourseError(f"{launch.local_world_size} processes on this node but only {n_gpus} GPU(s) visible: "
                           f"start at most {n_gpus} per node (--nproc_per_node / --gpus-per-node / --ntasks-per-node)")
-    torch.backends.cudnn.benchmark = True  # fixed input shapes: cuDNN times its convolutions once, keeps the fastest
-    torch.backends.cuda.matmul.fp32_precision = "tf32"  # float32 matmuls on TF32 tensor cores (torch >= 2.9 API)
     return torch.device("cuda", index)
 
 
@@ -137,16 +136,6 @@ def describe_gpu_paths(n_gpus: int) -> str:
             lines.append(f"warning: GPU 0 <-> GPU {other}: no peer access, every copy goes through host memory "
                          f"and is slow (see `nvidia-smi topo -m`)")
     return "\n".join(lines)
-
-
-def pick_backend(device: torch.device, requested: str | None = None) -> str:
-    """nccl for GPUs, gloo for CPUs; $DIST_BACKEND (or `requested`) wins if it can work."""
-    backend = requested or os.environ.get("DIST_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
-    if backend == "nccl" and device.type != "cuda":
-        raise CourseError("backend nccl needs CUDA GPUs: use gloo on CPU (or run on a GPU node)")
-    if backend not in ("nccl", "gloo"):
-        raise CourseError(f"unknown backend {backend!r}: use nccl (GPUs) or gloo (CPU)")
-    return backend
 
 
 def init_timeout() -> datetime.timedelta:
@@ -165,13 +154,6 @@ def restart_safe_store(launch: LaunchEnv):
         return None
     store, _, _ = next(dist.rendezvous("env://", launch.rank, launch.world_size, timeout=init_timeout()))
     return dist.PrefixStore(f"attempt_{attempt}", store)
-
-
-def free_port() -> int:
-    """Ask the OS for a free TCP port on this machine."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get_rank() -> int:

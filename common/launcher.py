@@ -44,7 +44,8 @@ class WorkerError(RuntimeError):
         self.worker_traceback = worker_traceback
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """Ask the OS for a free TCP port on this machine."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -136,7 +137,7 @@ def launch(fn, nprocs: int = 2, args: tuple = (), timeout_s: float = 300.0) -> l
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // nprocs)
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, nprocs, port, threads, payload, results), daemon=True)
              for r in range(nprocs)]
     lines: dict[int, list] = {r: [] for r in range(nprocs)}

@@ -1,4 +1,4 @@
-"""Two ways to feed batches: a DataLoader (the classic), or the whole dataset resident on the GPU.
+"""Feeding batches: the DataLoader's options, or the whole dataset resident on the GPU (DeviceLoader).
 
 MNIST's 70,000 images are 220 MB as float32: they fit on any GPU many times over. Holding it there removes the
 DataLoader (worker processes, collation, host-to-device copies), which is most of the time the
@@ -9,11 +9,10 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.data import DataLoader, Sampler, Subset
+from torch.utils.data import Sampler, Subset
 from torchvision.datasets import MNIST
 
-from common.data import MNIST_MEAN, MNIST_STD, loader_kwargs
-from common.errors import CourseError
+from common.data import MNIST_MEAN, MNIST_STD
 
 
 def _as_tensors(dataset) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,6 +39,7 @@ class DeviceLoader:
     """
 
     def __init__(self, dataset, batch_size: int, sampler: Sampler, device: torch.device):
+        self.dataset = dataset
         self.images, self.labels = (t.to(device) for t in _as_tensors(dataset))
         self.batch_size, self.sampler, self.device = batch_size, sampler, device
 
@@ -52,21 +52,13 @@ class DeviceLoader:
             yield self.images[batch], self.labels[batch]
 
 
-def make_loader(dataset, batch_size: int, sampler: Sampler, device: torch.device, num_workers: int = 0,
-                on_device: bool = False):
-    """A DataLoader over `sampler`, or a DeviceLoader when the data should live on the device."""
-    if on_device:
-        return DeviceLoader(dataset, batch_size, sampler, device)
-    # Its own generator: creating an iterator then leaves the global RNG (dropout) alone, so resumes are exact.
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=torch.Generator(),
-                      **loader_kwargs(device, num_workers))
+def loader_options(args, device: torch.device) -> dict:
+    """DataLoader options besides the dataset, batch size and sampler.
 
-
-def steps_per_epoch(loader, args) -> int:
-    """Optimizer steps in one epoch: the loader's batches / --grad-accum, capped by --max-steps."""
-    per_step = getattr(args, "grad_accum", 1)
-    steps = min(len(loader) // per_step, args.max_steps or len(loader))
-    if steps == 0:
-        raise CourseError(f"--grad-accum {per_step} needs more batches than this rank's {len(loader)}: "
-                          f"lower it or use more --train-samples")
-    return steps
+    pin_memory: page-locked host buffers make the copy to a GPU faster (and non_blocking possible);
+    persistent_workers: keep the worker processes between epochs instead of starting them again;
+    generator: the loader's own, so that starting an epoch leaves the global RNG (dropout) alone and
+    a resumed run draws exactly the same numbers.
+    """
+    return {"num_workers": args.num_workers, "pin_memory": device.type == "cuda",
+            "persistent_workers": args.num_workers > 0, "generator": torch.Generator()}

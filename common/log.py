@@ -14,6 +14,11 @@ from tqdm import tqdm
 from common.distributed import get_rank, is_main_process
 
 
+def plural(n: int, word: str) -> str:
+    """'1 epoch', '2 epochs'."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def log0(*args, **kwargs) -> None:
     """print() on the main process only, flushed so it shows up in Slurm logs right away."""
     if is_main_process():

@@ -6,6 +6,7 @@ for a test accuracy it is a (small) lie. EvalSampler gives every example to exac
 """
 from __future__ import annotations
 
+import math
 from typing import Iterator, Sized
 
 from torch.utils.data import Sampler
@@ -32,3 +33,7 @@ class EvalSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(range(self.rank, self.length, self.num_replicas))
+
+    def most_batches(self, batch_size: int) -> int:
+        """The batches of the busiest rank (rank 0's shard is the longest): what every rank must run under FSDP."""
+        return math.ceil(math.ceil(self.length / self.num_replicas) / batch_size)

@@ -1,0 +1,155 @@
+"""What a run measured, epoch by epoch: the epoch line, metrics.json, curves.png and, with --tensorboard, event files.
+
+Every rank calls add() with the same (already all-reduced) numbers; rank 0 alone prints and writes.
+The rows travel inside each checkpoint too, so a run resumed into another --output-dir keeps its history.
+Early stopping needs nothing else: the best epoch and the epochs since are read off the rows.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from common.cli import args_to_dict
+from common.distributed import is_main_process
+from common.files import atomic_write
+
+
+class History:
+    def __init__(self, args, lesson: str, device: torch.device, warmup_seconds: float = 0.0):
+        self.args, self.device, self.dir = args, device, Path(args.output_dir)
+        self.record = {
+            "lesson": lesson, "world_size": dist.get_world_size() if dist.is_initialized() else 1, "backend": dist.get_backend() if dist.is_initialized() else None,
+            "device": device.type, "torch_version": torch.__version__, "args": args_to_dict(args),
+            "warmup_seconds": warmup_seconds, "time_to_target_seconds": None, "best_epoch": None,
+            "peak_memory_bytes": None, "epochs": [],
+        }
+        self._tensorboard = None
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.record["epochs"]
+
+    def add(self, epoch: int, train: dict, test: dict, val: dict | None = None, lr: float | None = None) -> dict:
+        """One epoch's row from the train/test (/validation) sums that every rank reduced the same way."""
+        row = {"epoch": epoch, "train_loss": train["loss"], "test_loss": test["loss"], "test_accuracy": test["accuracy"],
+               "test_correct": test["correct"], "test_samples": test["count"], "epoch_seconds": train["seconds"],
+               "train_images_per_second": train["images_per_second"], "lr": lr}
+        if val is not None:
+            row.update(val_loss=val["loss"], val_accuracy=val["accuracy"], val_samples=val["count"])
+        self.rows.append(row)
+        target = self.args.target_accuracy
+        first_hit = target is not None and row["test_accuracy"] >= target and not self.reached_target
+        if first_hit:
+            self.record["time_to_target_seconds"] = sum(r["epoch_seconds"] for r in self.rows)
+        if val is not None:
+            self.record["best_epoch"] = max(self.rows, key=lambda r: (r["val_accuracy"], -r["epoch"]))["epoch"]
+        if self.device.type == "cuda":
+            self.record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.device)
+        if is_main_process():
+            self._print(row, test, first_hit)
+            self.save()
+        return row
+
+    def _print(self, row: dict, test: dict, first_hit: bool) -> None:
+        val = f" | val_accuracy {row['val_accuracy']:.4f}" if "val_accuracy" in row else ""
+        print(f"epoch {row['epoch']} | train_loss {row['train_loss']:.4f} | test_loss {row['test_loss']:.4f} | "
+              f"test_accuracy {row['test_accuracy']:.4f} ({test['correct']}/{test['count']}){val} | "
+              f"{row['epoch_seconds']:.2f} s | {row['train_images_per_second']:,.0f} img/s", flush=True)
+        if first_hit:
+            print(f"target accuracy {self.args.target_accuracy} reached after "
+                  f"{self.record['time_to_target_seconds']:.2f} s of training "
+                  f"(warm-up before the clock: {self.record['warmup_seconds']:.2f} s)", flush=True)
+
+    @property
+    def reached_target(self) -> bool:
+        return self.record["time_to_target_seconds"] is not None
+
+    @property
+    def best_epoch(self) -> int | None:
+        """The epoch with the best validation accuracy so far (the earliest of equals); None without validation."""
+        return self.record["best_epoch"]
+
+    def done(self, patience: int | None) -> bool:
+        """Stop training? After --target-accuracy is reached, or --patience epochs without a better validation.
+
+        Every rank holds the same rows (the numbers were all-reduced), so every rank decides the same."""
+        if self.reached_target:
+            return True
+        waited = self.rows[-1]["epoch"] - self.best_epoch if self.best_epoch else 0
+        if patience and waited >= patience:
+            if is_main_process():
+                print(f"early stopping: no better val_accuracy for {waited} epochs (--patience {patience})", flush=True)
+            return True
+        return False
+
+    # ---- files ------------------------------------------------------------------------------------
+    def save(self) -> None:
+        with atomic_write(self.dir / "metrics.json", "w") as f:
+            json.dump(self.record, f, indent=2)
+        plot_curves(self.record, self.dir / "curves.png")
+        if getattr(self.args, "tensorboard", False):
+            self._write_tensorboard(self.rows[-1])
+
+    def _write_tensorboard(self, row: dict) -> None:
+        """Event files in OUTPUT_DIR/tensorboard: view them with `tensorboard --logdir runs` (pip install tensorboard)."""
+        if self._tensorboard is None:
+            from torch.utils.tensorboard import SummaryWriter  # an extra: only runs that ask for it need it
+            self._tensorboard = SummaryWriter(log_dir=str(self.dir / "tensorboard"))
+        names = {"train_loss": "loss/train", "test_loss": "loss/test", "val_loss": "loss/val",
+                 "test_accuracy": "accuracy/test", "val_accuracy": "accuracy/val", "lr": "lr",
+                 "train_images_per_second": "images_per_second"}
+        for key, tag in names.items():
+            if row.get(key) is not None:
+                self._tensorboard.add_scalar(tag, row[key], global_step=row["epoch"])
+        self._tensorboard.flush()
+
+    def close(self) -> None:
+        """The end of the run: with validation, the test accuracy of the best model (the one kept as best)."""
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        best = next((r for r in self.rows if r["epoch"] == self.best_epoch), None)
+        if best and is_main_process():
+            print(f"best epoch {best['epoch']} (val_accuracy {best['val_accuracy']:.4f}): test_accuracy "
+                  f"{best['test_accuracy']:.4f} ({best['test_correct']}/{best['test_samples']}), "
+                  f"its checkpoint kept as best in {self.dir}", flush=True)
+
+    # ---- inside checkpoints -----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"rows": json.dumps(self.rows)}  # one string: a DCP checkpoint stores it as it is
+
+    def load_state_dict(self, state: dict, epoch: int) -> None:
+        """The rows of the epochs before `epoch` (the one the resumed run does next); each epoch appears once."""
+        self.record["epochs"] = [r for r in json.loads(state["rows"]) if r["epoch"] < epoch]
+        target = self.args.target_accuracy
+        reached = [i for i, r in enumerate(self.rows, 1) if target is not None and r["test_accuracy"] >= target]
+        if reached:
+            self.record["time_to_target_seconds"] = sum(r["epoch_seconds"] for r in self.rows[:reached[0]])
+        if self.rows and "val_accuracy" in self.rows[0]:
+            self.record["best_epoch"] = max(self.rows, key=lambda r: (r["val_accuracy"], -r["epoch"]))["epoch"]
+
+
+def plot_curves(record: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")  # no display on compute nodes
+    import matplotlib.pyplot as plt
+
+    rows = record["epochs"]
+    epochs = [r["epoch"] for r in rows]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.5))
+    ax_loss.plot(epochs, [r["train_loss"] for r in rows], "o-", label="train")
+    ax_loss.plot(epochs, [r["test_loss"] for r in rows], "o-", label="test")
+    ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
+    ax_loss.legend()
+    ax_acc.plot(epochs, [100 * r["test_accuracy"] for r in rows], "o-", color="tab:green", label="test")
+    if rows and "val_accuracy" in rows[0]:
+        ax_acc.plot(epochs, [100 * r["val_accuracy"] for r in rows], "o-", color="tab:purple", label="validation")
+        ax_acc.legend()
+    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="accuracy")
+    n = record["world_size"]
+    fig.suptitle(f"{record['lesson']}: {n} process{'es' if n != 1 else ''}, {record['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

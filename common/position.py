@@ -1,0 +1,64 @@
+"""Where a run is: the epoch to run next, the optimizer steps already done in it, and every rank's random state.
+
+A checkpoint stores it so that a restarted run continues exactly where the first one stopped: the same
+batches (the epoch's remaining ones, in the same order) and the same random numbers (dropout masks).
+"""
+from __future__ import annotations
+
+import io
+import itertools
+
+import torch
+import torch.distributed as dist
+
+from common.distributed import get_rank, get_world_size
+from common.errors import CourseError
+from common.log import progress_bar
+
+
+def steps_per_epoch(loader, args) -> int:
+    """Optimizer steps in one epoch: the loader's batches / --grad-accum, capped by --max-steps."""
+    per_step = getattr(args, "grad_accum", 1)
+    steps = min(len(loader) // per_step, args.max_steps or len(loader))
+    if steps == 0:
+        raise CourseError(f"--grad-accum {per_step} needs more batches than this rank's {len(loader)}: "
+                          f"lower it or use more --train-samples")
+    return steps
+
+
+class Position:
+    def __init__(self, epoch: int = 1, step: int = 0):
+        self.epoch, self.step = epoch, step  # the epoch to run next, and the optimizer steps already done in it
+
+    def remaining(self, loader, args):
+        """This epoch's batches from `step` on (a restarted epoch skips what it did), up to --max-steps.
+
+        With --grad-accum G, G batches make one optimizer step: the lesson advances `step` after each.
+        """
+        per_step = getattr(args, "grad_accum", 1)
+        end, first = steps_per_epoch(loader, args) * per_step, self.step * per_step
+        return progress_bar(itertools.islice(loader, first, end), f"epoch {self.epoch}", end - first)
+
+    def next_epoch(self) -> None:
+        self.epoch, self.step = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        """A collective: every rank's random-number state travels to every rank (rank 0 saves them all)."""
+        mine = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            mine["cuda"] = torch.cuda.get_rng_state()
+        states = [mine]
+        if dist.is_initialized():
+            states = [None] * dist.get_world_size()
+            dist.all_gather_object(states, mine)
+        buffer = io.BytesIO()
+        torch.save(states, buffer)  # one opaque value: its length depends on the number of ranks
+        return {"epoch": self.epoch, "step": self.step, "rng": buffer.getvalue()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.step = state["epoch"], state["step"]
+        states = torch.load(io.BytesIO(state["rng"]), weights_only=True)
+        if len(states) == get_world_size():  # with another number of ranks, exact replay is impossible anyway
+            torch.set_rng_state(states[get_rank()]["torch"].cpu())
+            if "cuda" in states[get_rank()] and torch.cuda.is_available():
+                torch.cuda.set_rng_state(states[get_rank()]["cuda"].cpu())

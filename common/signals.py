@@ -1,0 +1,78 @@
+"""Requests to stop from outside the program: Slurm's SIGUSR1 / SIGTERM, and Ctrl-C (SIGINT).
+
+A handler only writes down that a request came; the lesson decides WHERE to stop. Under DDP and FSDP
+every rank must leave the training loop at the same step, so lessons 04 and 05 compare the ranks'
+requests with an all_reduce (their `stop_agreed`) and save a checkpoint there.
+
+Ctrl-C in a terminal reaches every process of the job at once (torchrun and its workers); torchrun
+then forwards a second SIGINT to its workers. Both count as one request. A Ctrl-C more than
+CTRL_C_REPEAT_S seconds after the first stops at once (KeyboardInterrupt), without a checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+from common.distributed import is_main_process
+
+# Ordered: the all_reduce MAX over ranks keeps the strongest request. SIGUSR1 asks for a requeue.
+REQUESTS = {signal.SIGINT: 1, signal.SIGTERM: 2, signal.SIGUSR1: 3}
+NAMES = {0: "none", 1: "Ctrl-C (SIGINT)", 2: "SIGTERM", 3: "SIGUSR1"}
+CTRL_C_REPEAT_S = 2.0
+
+
+class StopSignals:
+    """`with StopSignals(signal.SIGUSR1, signal.SIGTERM, signal.SIGINT) as stop:` ... `stop.request` (0: none)."""
+
+    def __init__(self, *signals: int):
+        self.signals = signals
+        self.request = 0  # the strongest request so far (REQUESTS); lessons 04/05 agree on it across ranks
+        self._first_ctrl_c = None
+        self._saved: dict = {}
+
+    def __enter__(self) -> "StopSignals":
+        for sig in self.signals:
+            self._saved[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._saved.items():  # leave a notebook's kernel as we found it
+            signal.signal(sig, handler)
+
+    def _handler(self, signum, frame) -> None:
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            if self._first_ctrl_c is not None and now - self._first_ctrl_c > CTRL_C_REPEAT_S:
+                raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the checkpoint
+            self._first_ctrl_c = self._first_ctrl_c or now
+        self.request = max(self.request, REQUESTS[signum])
+
+    @property
+    def name(self) -> str:
+        return NAMES[self.request]
+
+    def report(self, epoch: int, step: int) -> None:
+        """After the checkpoint: say what happened and how to go on; for SIGUSR1 ask Slurm to requeue the job."""
+        if not is_main_process():
+            return
+        if self.request == REQUESTS[signal.SIGUSR1]:
+            then = requeue_slurm_job()
+        elif self.request == REQUESTS[signal.SIGTERM]:
+            then = "not requeueing (Slurm decides after a SIGTERM); continue with --resume auto"
+        else:
+            then = "continue with the same command and --resume auto"
+        print(f"stopped by {self.name} at epoch {epoch} step {step}, checkpoint saved: {then}", flush=True)
+
+
+def requeue_slurm_job() -> str:
+    """Ask Slurm to put this job back in the queue (it restarts with the same job id)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job or not shutil.which("scontrol"):
+        return "not a Slurm job: restart it yourself with --resume auto"
+    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if result.returncode != 0:
+        return f"scontrol requeue {job} failed: {result.stderr.strip()} (is the job submitted with --requeue?)"
+    return f"requeued Slurm job {job}"
