@@ -119,7 +119,7 @@ def main(argv=None):
 
     model = Net(**model_flags(args)).to(device)
     if args.compile:
-        model.compile()  # torch.compile in place (state_dict keys unchanged); the first steps pay for compiling
+        model.compile(backend=args.compile)  # torch.compile in place: state_dict keys stay the same
     optimizer = make_optimizer(args, model.parameters())  # --optimizer, --lr (default: Adadelta, lr 1.0)
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
     warmup_s = warm_up(model, optimizer, train_loader, device, args)  # one-off costs, timed apart, then undone

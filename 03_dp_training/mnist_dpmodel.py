@@ -117,7 +117,7 @@ def main(argv=None):
 
     model = Net(**model_flags(args)).to(device)  # the master copy lives on GPU 0 (cuda:0)
     if args.compile:
-        model.compile()  # torch.compile in place (state_dict keys unchanged); the first steps pay for compiling
+        model.compile(backend=args.compile)  # torch.compile in place: state_dict keys stay the same
     model = nn.DataParallel(model)  # --batch-size is split across the GPUs at every step (on CPU: a no-op)
     log0(f"lesson 03: 1 process, nn.DataParallel over {n_gpus} GPUs, {args.batch_size // max(n_gpus, 1)} images each"
          if n_gpus > 1 else f"lesson 03: DataParallel needs 2+ GPUs and does nothing on {device}: one process")

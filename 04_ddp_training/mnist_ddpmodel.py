@@ -150,13 +150,13 @@ def main(argv=None):
 
     model = Net(**model_flags(args), batch_norm=args.sync_bn).to(device)
     model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # --sync-bn: BatchNorm statistics over ALL ranks
-    on_out_of_memory(f"the model's {count_parameters(model) / 1e6:,.0f} M parameters need {16 * count_parameters(model) / 2**30:.1f}"
-                     f" GiB for weights, gradients and AdamW state on EVERY GPU under DDP: shard them with FSDP2 (lesson 05)")
+    on_out_of_memory(f"the model's {count_parameters(model) / 1e6:,.0f} M parameters need {count_parameters(model) * 16 / 2**30:.1f} "
+                     "GiB for weights, gradients and AdamW state on EVERY GPU under DDP: shard them with FSDP2 (lesson 05)")
     # DDP broadcasts rank 0's weights at construction, then all_reduces gradients in backward.
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                 gradient_as_bucket_view=True)  # gradients live in the all_reduce buckets: one copy less
     if args.compile:
-        model.compile()  # torch.compile in place, AFTER the wrap: DDP splits the graph at its buckets
+        model.compile(backend=args.compile)  # AFTER the wrap: Dynamo splits the graph at DDP's buckets
     torch.manual_seed(args.seed + rank)  # from here on each rank its own stream: different dropout masks
     log0(f"lesson 04: {world_size} process{'es' if world_size > 1 else ''}, {args.batch_size} images each per "
          f"micro-batch, effective batch {args.batch_size * args.grad_accum * world_size}")

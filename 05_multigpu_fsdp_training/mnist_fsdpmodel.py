@@ -23,7 +23,7 @@ from common.cli import base_parser, parse, save_config
 from common.data import load_mnist
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
 from common.errors import CourseError, run
-from common.files import atomic_save
+from common.files import atomic_save, replace_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
 from common.log import log0, log_all
@@ -81,9 +81,8 @@ def test(args, model, device, test_loader):
             output = model(data)
         loss_sum = F.nll_loss(output.float(), target, reduction="sum")
         meter.update(loss_sum, (output.argmax(dim=1) == target).sum(), len(data))
-    # FSDP all-gathers weights INSIDE forward: a rank with a batch fewer must still join the others' last one.
-    for _ in range(test_loader.sampler.most_batches(test_loader.batch_size) - len(test_loader)):
-        model(torch.zeros(1, 1, 28, 28, device=device))  # an empty-handed forward: nothing is counted
+    for _ in range(test_loader.sampler.most_batches(test_loader.batch_size) - len(test_loader)):  # FSDP gathers
+        model(torch.zeros(1, 1, 28, 28, device=device))  # INSIDE forward: a rank with fewer batches must join in
     return meter.reduce()
 
 
@@ -96,8 +95,7 @@ def make_loader(args, dataset, batch_size, sampler, device):
 
 @torch.no_grad()
 def init_weights(model, args):
-    """Fill the sharded, uninitialised model with exactly what `torch.manual_seed(seed); Net()` draws (README:
-    "Meta-device initialisation"). Every rank draws the same full values, one module at a time, keeps its piece."""
+    """What `torch.manual_seed(seed); Net()` draws, one module at a time, each rank keeping its piece (README)."""
     torch.manual_seed(args.seed)
     with torch.device("meta"):
         twin = Net(**model_flags(args))  # an unsharded twin, shapes only
@@ -124,7 +122,7 @@ def save_checkpoint(path, model, optimizer, scheduler, position, history, checkp
     dcp.save(checkpoint_state(model, optimizer, scheduler, position, history, checkpoints), checkpoint_id=scratch)
     dist.barrier()  # every rank's shards are on disk
     if dist.get_rank() == 0:
-        scratch.rename(path)  # only a complete checkpoint gets its name
+        replace_folder(scratch, path)  # only a complete checkpoint gets the name (an older one of it goes)
     dist.barrier()
 
 
@@ -185,10 +183,11 @@ def main(argv=None):
         set_model_state_dict(model, read_full_weights(args.init_from, model) if rank == 0 else {},
                              options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     if args.compile:
-        model.compile()  # torch.compile in place, after fully_shard
+        model.compile(backend=args.compile)  # torch.compile in place, after fully_shard
     torch.manual_seed(args.seed + rank)  # from here on each rank its own stream: different dropout masks
-    log0(f"lesson 05: {world_size} process{'es' if world_size > 1 else ''}, mesh {tuple(mesh.shape)}, {count_parameters(model) / 1e6:,.1f}"
-         f" M parameters, each rank stores ~1/{mesh.shape[-1]}; effective batch {args.batch_size * args.grad_accum * world_size}")
+    log0(f"lesson 05: {world_size} process{'es' if world_size > 1 else ''}, mesh {tuple(mesh.shape)}, "
+         f"{count_parameters(model) / 1e6:,.1f} M parameters, each rank stores ~1/{mesh.shape[-1]}; "
+         f"effective batch {args.batch_size * args.grad_accum * world_size}")
     optimizer = make_optimizer(args, model.parameters(), world_size)  # --lr-scaling uses the world size
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
     warmup_s = warm_up(model, optimizer, train_loader, device, args)  # one-off costs, timed apart, then undone

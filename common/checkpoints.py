@@ -8,8 +8,10 @@ line, a checkpoint of an incompatible run.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,6 +19,7 @@ import torch.distributed.checkpoint as dcp
 
 from common.distributed import barrier, is_main_process
 from common.errors import CourseError, one_line
+from common.files import replace_folder
 from common.log import log0, plural
 
 NAME = re.compile(r"^ckpt-e(\d{4})-s(\d{7})(\.pt)?$")
@@ -41,7 +44,9 @@ def read_meta(path) -> dict:
     try:
         if path.is_dir():
             state = {"run": {k: None for k in signature(None, "")}, "position": {"epoch": 0, "step": 0, "rng": b""}}
-            dcp.load(state, checkpoint_id=path)  # reads only these few values, on every rank
+            with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.load(state, checkpoint_id=path, no_dist=True)  # only these few values, each rank alone
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
             state = {"run": state["run"], "position": state["position"]}
@@ -132,12 +137,11 @@ class CheckpointDir:
 
     def _keep_as_best(self, path: Path) -> None:
         """Copy, then rename into place: a crash leaves the previous best whole."""
-        best = self.best_path
-        scratch, old = best.with_name(best.name + ".tmp"), best.with_name(best.name + ".old")
-        for leftover in (scratch, old):
-            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
-        shutil.copytree(path, scratch) if path.is_dir() else shutil.copyfile(path, scratch)
-        if best.exists():
-            best.rename(old)
-        scratch.rename(best)
-        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+        scratch = self.best_path.with_name(self.best_path.name + ".tmp")
+        if path.is_dir():
+            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.copytree(path, scratch)
+            replace_folder(scratch, self.best_path)
+        else:
+            shutil.copyfile(path, scratch)
+            os.replace(scratch, self.best_path)

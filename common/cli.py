@@ -115,7 +115,9 @@ def base_parser(lesson: str, description: str) -> Parser:
     p.add_argument("--keep-checkpoints", type=positive_int, default=2, help="how many newest checkpoints to keep (default: 2)")
     p.add_argument("--data-on-device", action="store_true",
                    help="hold the whole dataset as tensors on the device instead of a DataLoader (fast)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (first steps are slow)")
+    p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="torch.compile the model; the first steps pay for compiling (default: off; BACKEND: inductor, "
+                        "or aot_eager to check the graphs quickly)")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast for forward passes")
     p.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard event files to OUTPUT_DIR/tensorboard (pip install tensorboard)")
@@ -136,7 +138,10 @@ def _read_config(path: str) -> dict:
         raise CourseError(f"--config {path}: {exc.strerror}: check the path") from None
     try:
         if path.endswith(".toml"):
-            import tomllib
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                raise CourseError(f"--config {path}: TOML needs Python 3.11 or newer: write it as YAML") from None
             values = tomllib.loads(text)
         else:
             import yaml

@@ -38,3 +38,19 @@ def atomic_save(obj, path) -> None:
     import torch
     with atomic_write(path) as f:
         torch.save(obj, f)
+
+
+def replace_folder(finished, path) -> None:
+    """Give the complete folder `finished` the name `path`, replacing a folder of that name if there is one.
+
+    The old one is moved aside first and deleted last: a crash in between leaves a whole checkpoint
+    under one of the two names, never half of one.
+    """
+    import shutil
+    finished, path = Path(finished), Path(path)
+    old = path.with_name(path.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)
+    finished.rename(path)
+    shutil.rmtree(old, ignore_errors=True)

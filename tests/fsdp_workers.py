@@ -15,9 +15,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from common.cli import base_parser
-from common.model import Net, init_sharded
+from common.model import Net
 from common.optim import make_optimizer, make_scheduler
-from common.progress import Progress
+from common.position import Position
+from common.signals import StopSignals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,15 +32,20 @@ def lesson05():
 
 
 def sharded_net(width, mesh, seed):
-    """What lesson 05 does: build on the meta device, fully_shard per layer and the root, to_empty, initialise."""
+    """What lesson 05 does: build on the meta device, fully_shard per unit and the root, to_empty, init_weights."""
     with torch.device("meta"):
         model = Net(width=width)
-    for layer in (model.conv1, model.conv2, model.fc1, model.fc2):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    for unit in (model.features, model.fc1, *model.blocks, model.fc2, model):
+        fully_shard(unit, mesh=mesh)
     model.to_empty(device="cpu")
-    init_sharded(model, seed)
+    lesson05().init_weights(model, base_parser("05", "test").parse_args(["--seed", str(seed), "--width", str(width)]))
     return model
+
+
+def no_dropout(model):
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0  # the same function on every path
 
 
 def full_state(model):
@@ -62,18 +68,17 @@ def lesson_args(output_dir, grad_accum, clip_grad):
 def one_step_with_lesson_train(lesson, width, mesh, batches, grad_accum, clip_grad, output_dir):
     """One optimizer step of the lesson's train() on this rank's micro-batches, dropout off; the full weights after."""
     model = sharded_net(width, mesh, seed=1)
-    model.dropout1.p = model.dropout2.p = 0.0  # the same function on every path
+    no_dropout(model)
     args = lesson_args(output_dir, grad_accum, clip_grad)
     optimizer = make_optimizer(args, model.parameters())
     scheduler = make_scheduler(args, optimizer, steps_per_epoch=1)
-    progress = Progress(args, lesson.LESSON, torch.device("cpu"), dist.get_world_size())
-    lesson.train(args, model, torch.device("cpu"), batches, optimizer, scheduler, progress)
+    lesson.train(args, model, torch.device("cpu"), batches, optimizer, scheduler, Position(), StopSignals(), None)
     return full_state(model)
 
 
 def fsdp_equivalence(width, micro, accum, clip, output_dir):
     """On a 1-D mesh over all ranks and on an HSDP (2, W/2) mesh:
-    init: meta-device + init_sharded equals eager Net() with the same seed;
+    init: meta-device + the lesson's init_weights equals eager Net() with the same seed;
     init_from: set_model_state_dict(full, broadcast_from_rank0) gives exactly rank 0's weights;
     accum: `accum` micro-batches with set_requires_gradient_sync(False) (the lesson's train()) equal one step
         on accum-times-larger batches, and equal a plain Net stepping on the whole global batch;
@@ -97,7 +102,7 @@ def fsdp_equivalence(width, micro, accum, clip, output_dir):
     for clip_grad in (None, clip):
         plain = Net(width=width)
         plain.load_state_dict(eager.state_dict())
-        plain.dropout1.p = plain.dropout2.p = 0.0
+        no_dropout(plain)
         args = lesson_args(output_dir, 1, clip_grad)
         optimizer = make_optimizer(args, plain.parameters())
         F.nll_loss(plain(images), labels).backward()
@@ -127,7 +132,7 @@ def fsdp_equivalence(width, micro, accum, clip, output_dir):
             out[key] = max(max_diff(accumulated, large), max_diff(accumulated, reference[clip_grad][0]))
 
         model = sharded_net(width, mesh, seed=1)
-        model.dropout1.p = model.dropout2.p = 0.0
+        no_dropout(model)
         F.nll_loss(model(images[mine]), labels[mine]).backward()  # reduce-scatter: each rank keeps its shard
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
         out["norm"], (out["norm_plain"], out["norm_float64"]) = norm.full_tensor().item(), reference[clip][1]

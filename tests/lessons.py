@@ -15,6 +15,9 @@ SCRIPTS = {
 }
 
 
+INJECT = {"PYTHONPATH": str(ROOT / "tests" / "inject")}  # with FAIL_AT_STEP: tests/inject/sitecustomize.py
+
+
 def run_script(lesson: str, *args, nproc: int | None = None, timeout: int = 300, env=None, cwd=None, extra=()):
     """python SCRIPT ARGS, or torchrun --standalone --nproc_per_node=N [EXTRA] SCRIPT ARGS when nproc is given."""
     launcher = [sys.executable] if nproc is None else \

@@ -9,25 +9,26 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.checkpoints import CheckpointDir, read_progress
+from common.checkpoints import CheckpointDir, read_meta
 from common.errors import CourseError
 from common.files import atomic_save
-from common.progress import Progress
+from common.position import Position
 
 
 def run_args(tmp_path, **changes):
-    args = dict(output_dir=str(tmp_path), keep_checkpoints=2, data="synthetic", train_samples=None, width=1,
-                optimizer="adadelta", schedule="step", max_steps=None, target_accuracy=None)
+    args = dict(output_dir=str(tmp_path), keep_checkpoints=2, data="synthetic", train_samples=None, val_samples=0,
+                width=1, blocks=0, hidden=None, optimizer="adadelta", schedule="step", max_steps=None,
+                target_accuracy=None, epochs=14, dry_run=False)
     return SimpleNamespace(**{**args, **changes})
 
 
-def write(folder: CheckpointDir, args, epoch: int, step: int = 0):
-    """A checkpoint as lessons 02-04 write it, with a Progress at (epoch + 1, step)."""
-    progress = Progress(args, "02", torch.device("cpu"))
-    progress.epoch, progress.step = epoch + 1, step
-    path = folder.path(progress)
-    atomic_save({"model": {}, "progress": progress.state_dict()}, path)
-    folder.prune(path)
+def write(folder: CheckpointDir, args, epoch: int, step: int = 0, best: bool = False):
+    """A checkpoint as lessons 02-04 write it, with a Position at (epoch + 1, step)."""
+    position = Position(epoch + 1, step)
+    path = folder.path(position)
+    atomic_save({"model": {"w": torch.full((2,), float(epoch))}, "position": position.state_dict(),
+                 "run": folder.run}, path)
+    folder.prune(path, best=best)
     return path
 
 
@@ -37,18 +38,35 @@ def names(folder):
 
 def test_names_sort_by_progress_and_keep_last_n(tmp_path):
     args = run_args(tmp_path)
-    folder = CheckpointDir(tmp_path, args, "02")
+    folder = CheckpointDir(args, "02")
     for epoch in (1, 2, 3):
-        write(folder, args, epoch)
+        write(folder, args, epoch, best=epoch == 2)
     write(folder, args, 3, step=40)  # a mid-epoch save after a signal
     assert names(folder) == ["ckpt-e0003-s0000040.pt", "ckpt-e0003-s0000000.pt"]
-    state = read_progress(folder.all()[0])
-    assert (state["epoch"], state["step"], state["run"]["width"]) == (4, 40, 1)
+    state = read_meta(folder.all()[0])
+    assert (state["position"]["epoch"], state["position"]["step"], state["run"]["width"]) == (4, 40, 1)
+    best = torch.load(tmp_path / "best.pt", weights_only=True)  # epoch 2's, although pruned from checkpoints/
+    assert best["model"]["w"].tolist() == [2.0, 2.0] and best["position"]["epoch"] == 3
+
+
+def test_dry_run_checkpoints_never_block_or_feed_a_real_run(tmp_path):
+    dry = run_args(tmp_path, dry_run=True, max_steps=2, epochs=1)
+    write(CheckpointDir(dry, "02"), dry, 1)
+    assert (tmp_path / "dry-run-checkpoints").is_dir()
+    real = CheckpointDir(run_args(tmp_path), "02")
+    assert real.resume_from(None) is None and real.resume_from("auto") is None  # not refused, not resumed
+
+
+def test_max_steps_checkpoints_are_refused_by_a_full_run(tmp_path):
+    capped = run_args(tmp_path, max_steps=5)
+    write(CheckpointDir(capped, "02"), capped, 1)
+    with pytest.raises(CourseError, match="max_steps 5 there, None here"):
+        CheckpointDir(run_args(tmp_path), "02").resume_from("auto")
 
 
 def test_keep_last_n_never_deletes_the_checkpoint_just_written(tmp_path):
     args = run_args(tmp_path)
-    folder = CheckpointDir(tmp_path, args, "02")
+    folder = CheckpointDir(args, "02")
     for epoch in (5, 6):
         write(folder, args, epoch)
     just = write(folder, args, 2)  # resumed from an explicit older checkpoint into the same folder
@@ -57,7 +75,7 @@ def test_keep_last_n_never_deletes_the_checkpoint_just_written(tmp_path):
 
 def test_a_fresh_run_refuses_an_earlier_runs_checkpoints(tmp_path):
     args = run_args(tmp_path)
-    folder = CheckpointDir(tmp_path, args, "02")
+    folder = CheckpointDir(args, "02")
     assert folder.resume_from(None) is None  # empty: a fresh run is fine
     write(folder, args, 14)
     with pytest.raises(CourseError, match="earlier run: continue it with --resume auto, or .* another --output-dir"):
@@ -66,20 +84,20 @@ def test_a_fresh_run_refuses_an_earlier_runs_checkpoints(tmp_path):
 
 def test_resume_refuses_an_incompatible_run_naming_what_differs(tmp_path):
     args = run_args(tmp_path)
-    write(CheckpointDir(tmp_path, args, "02"), args, 1)
+    write(CheckpointDir(args, "02"), args, 1)
     other = run_args(tmp_path, width=2, train_samples=1000)
     with pytest.raises(CourseError) as info:
-        CheckpointDir(tmp_path, other, "02").resume_from("auto")
+        CheckpointDir(other, "02").resume_from("auto")
     message = str(info.value)
     assert "width 1 there, 2 here" in message and "train_samples None there, 1000 here" in message
     assert "\n" not in message
     with pytest.raises(CourseError, match="lesson '02' there, '04' here"):
-        CheckpointDir(tmp_path, args, "04").resume_from("auto")
+        CheckpointDir(args, "04").resume_from("auto")
 
 
 def test_resume_auto_skips_a_broken_newest_and_starts_fresh_when_empty(tmp_path, capsys):
     args = run_args(tmp_path)
-    folder = CheckpointDir(tmp_path, args, "02")
+    folder = CheckpointDir(args, "02")
     assert folder.resume_from("auto") is None and "starting fresh" in capsys.readouterr().out
     good = write(folder, args, 3)
     broken = write(folder, args, 4)
@@ -90,7 +108,7 @@ def test_resume_auto_skips_a_broken_newest_and_starts_fresh_when_empty(tmp_path,
 
 def test_unreadable_checkpoints_are_one_line_errors(tmp_path):
     args = run_args(tmp_path)
-    good = write(CheckpointDir(tmp_path / "run", args, "02"), args, 1)
+    good = write(CheckpointDir(run_args(tmp_path / "run"), "02"), args, 1)
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     foreign = tmp_path / "foreign.pt"
@@ -100,7 +118,7 @@ def test_unreadable_checkpoints_are_one_line_errors(tmp_path):
     for path, message in [(truncated, "not a readable checkpoint"), (junk, "not a readable checkpoint"),
                           (foreign, "not a readable checkpoint"), (tmp_path / "missing.pt", "does not exist")]:
         with pytest.raises(CourseError, match=message) as info:
-            read_progress(path)
+            read_meta(path)
         assert "\n" not in str(info.value) and str(path) in str(info.value)
 
 

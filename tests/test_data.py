@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import torchvision
 
 from common.data import (MNIST_MEAN, MNIST_STD, RAW_FILES, dataset_root, default_data_dir, load_mnist,
-                         loader_kwargs, prepare_data)
+                         prepare_data, split_validation)
 from common.errors import CourseError
 from common.synthetic import MARKER, write_synthetic_mnist
 
@@ -85,7 +85,7 @@ def test_synthetic_is_deterministic_and_regenerates(tmp_path):
 
 
 def test_load_synthetic_through_torchvision(synthetic_dir):
-    train, test = load_mnist(synthetic_dir, kind="synthetic")
+    train, _, test = load_mnist(synthetic_dir, kind="synthetic")
     assert isinstance(train, torchvision.datasets.MNIST) and (len(train), len(test)) == (60000, 10000)
     raw = dataset_root(synthetic_dir, "synthetic") / "MNIST" / "raw"
     _, _, pixels = read_idx(raw / "train-images-idx3-ubyte")
@@ -101,8 +101,8 @@ def test_load_synthetic_through_torchvision(synthetic_dir):
 
 
 def test_subsets_take_the_first_examples(synthetic_dir):
-    full_train, full_test = load_mnist(synthetic_dir, kind="synthetic")
-    train, test = load_mnist(synthetic_dir, kind="synthetic", train_samples=100, test_samples=7)
+    full_train, _, full_test = load_mnist(synthetic_dir, kind="synthetic")
+    train, _, test = load_mnist(synthetic_dir, kind="synthetic", train_samples=100, test_samples=7)
     assert (len(train), len(test)) == (100, 7)
     for sub, full in ((train, full_train), (test, full_test)):
         for i in (0, len(sub) - 1):
@@ -113,6 +113,19 @@ def test_subsets_take_the_first_examples(synthetic_dir):
     assert_one_line_fix(e.value, "60000")
 
 
+def test_validation_split_is_disjoint_seeded_and_the_same_everywhere(synthetic_dir):
+    full, _, _ = load_mnist(synthetic_dir, kind="synthetic", train_samples=1000)
+    train, val, _ = load_mnist(synthetic_dir, kind="synthetic", train_samples=1000, val_samples=100, seed=3)
+    again, val_again, _ = load_mnist(synthetic_dir, kind="synthetic", train_samples=1000, val_samples=100, seed=3)
+    assert (len(train), len(val)) == (900, 100) and val.indices == val_again.indices and train.indices == again.indices
+    assert not set(train.indices) & set(val.indices) and set(train.indices) | set(val.indices) == set(range(1000))
+    assert train.indices == sorted(train.indices)  # the training images keep their order
+    assert split_validation(full, 100, seed=4)[1].indices != val.indices  # another seed, another split
+    assert split_validation(full, 0, seed=3) == (full, None)
+    with pytest.raises(CourseError, match="--val-samples 1000 leaves no training images"):
+        split_validation(full, 1000, seed=3)
+
+
 def test_gz_only_folder_is_extracted(synthetic_dir, tmp_path):
     source = dataset_root(synthetic_dir, "synthetic") / "MNIST" / "raw"
     raw = tmp_path / "MNIST" / "raw"
@@ -121,7 +134,7 @@ def test_gz_only_folder_is_extracted(synthetic_dir, tmp_path):
         (raw / f"{name}.gz").write_bytes(gzip.compress((source / name).read_bytes(), compresslevel=1))
     assert prepare_data(tmp_path, "mnist", download=False) == tmp_path
     assert raw_bytes(raw) == raw_bytes(source)
-    train, test = load_mnist(tmp_path, download=False, train_samples=5, test_samples=5)
+    train, _, test = load_mnist(tmp_path, download=False, train_samples=5, test_samples=5)
     assert train[4][1] == source.joinpath("train-labels-idx1-ubyte").read_bytes()[8 + 4]
 
 
@@ -162,9 +175,6 @@ def test_small_helpers(monkeypatch):
     assert default_data_dir() == "./data"
     monkeypatch.setenv("WORKSHOP_DATA_DIR", "/scratch/me/data")
     assert default_data_dir() == "/scratch/me/data"
-    assert loader_kwargs("cpu", 0) == {"num_workers": 0, "pin_memory": False, "persistent_workers": False}
-    assert loader_kwargs(torch.device("cuda", 1), 4) == {"num_workers": 4, "pin_memory": True,
-                                                         "persistent_workers": True}
 
 
 # ---------------------------------------------------------------- download through torchvision
@@ -205,7 +215,7 @@ def test_download_from_mirror(synthetic_dir, tmp_path, http_folder, monkeypatch)
     root = prepare_data(tmp_path / "data", "mnist")
     assert torchvision.datasets.MNIST.mirrors == mirrors  # restored after the call
     assert raw_bytes(root / "MNIST" / "raw") == raw_bytes(source)
-    train, test = load_mnist(tmp_path / "data", download=False)
+    train, _, test = load_mnist(tmp_path / "data", download=False)
     assert (len(train), len(test)) == (60000, 10000)
     assert test[9999][1] == (source / "t10k-labels-idx1-ubyte").read_bytes()[-1]
 
@@ -238,10 +248,10 @@ def test_classic_cnn_learns_synthetic_digits(synthetic_dir):
     torch.set_num_threads(2)
     try:
         torch.manual_seed(0)
-        train, test = load_mnist(synthetic_dir, kind="synthetic", train_samples=3000, test_samples=1000)
+        train, _, test = load_mnist(synthetic_dir, kind="synthetic", train_samples=3000, test_samples=1000)
         model = Net()
         opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
-        train_loader = torch.utils.data.DataLoader(train, batch_size=64, shuffle=True, **loader_kwargs("cpu", 0))
+        train_loader = torch.utils.data.DataLoader(train, batch_size=64, shuffle=True, num_workers=0)
         for _ in range(2):
             model.train()
             for x, y in train_loader:

@@ -1,5 +1,5 @@
 """Lesson 05 as FSDP2 is practised (issue 12), for real on CPU with gloo:
-meta-device initialisation, --init-from a full checkpoint, --grad-accum, --clip-grad, --amp, --prefetch,
+meta-device initialisation, --init-from a full checkpoint, --grad-accum, --clip-grad, --amp,
 HSDP on a (2, 2) mesh, and an HSDP checkpoint that loads under plain FSDP on another number of ranks."""
 import os
 import subprocess
@@ -27,7 +27,7 @@ def test_sharded_pieces_equal_a_plain_net(tmp_path):
     assert all(r == results[0] for r in results)  # every rank saw the same
     for mesh, r in results[0].items():
         assert r["placements"] == {"fsdp": "(Shard(dim=0),)", "hsdp": "(Replicate(), Shard(dim=0))"}[mesh]
-        assert r["init"] == 0.0, (mesh, r)  # meta device + init_sharded: bit-identical to eager Net()
+        assert r["init"] == 0.0, (mesh, r)  # meta device + init_weights: bit-identical to eager Net()
         assert r["init_from"] == 0.0, (mesh, r)  # broadcast_from_rank0: exactly rank 0's weights
         assert r["accum"] < 1e-6, (mesh, r)  # 2 micro-batches == one 2x step == a plain Net on the global batch
         assert r["clip"] < 1e-6, (mesh, r)  # the same with the gradients clipped (norm 2.3, max 0.05)
@@ -36,17 +36,16 @@ def test_sharded_pieces_equal_a_plain_net(tmp_path):
         assert r["norm"] == pytest.approx(r["norm_plain"], rel=1e-4), (mesh, r)
 
 
-def test_init_from_lesson_04_checkpoint_with_amp_prefetch_and_clip(small, tmp_path):
-    """A lesson 04 checkpoint (its "model") loads into the sharded model; lr 0 keeps it, so the export equals it."""
+def test_init_from_lesson_04_checkpoint_with_amp_and_clip(small, tmp_path):
+    """A lesson 04 checkpoint (its "model") loads into the sharded model; lr 1e-30 keeps it, so the export equals it."""
     torch.manual_seed(7)
     weights = Net().state_dict()
     ckpt = tmp_path / "ckpt-e0003-s0000000.pt"
     torch.save({"model": weights, "optimizer": {}, "progress": {"epoch": 4}}, ckpt)  # the keys lesson 04 writes
     out = tmp_path / "run"
-    proc = run_script("05", *small, "--test-samples", 64, "--init-from", ckpt, "--lr", 0, "--amp", "--prefetch",
+    proc = run_script("05", *small, "--test-samples", 64, "--init-from", ckpt, "--lr", 1e-30, "--amp",
                       "--clip-grad", 0.5, "--output-dir", out, nproc=2)
     assert_clean(proc)
-    assert "gradient norm before clipping, last step:" in proc.stdout
     assert metrics(out)["args"]["amp"] is True and metrics(out)["epochs"][0]["test_samples"] == 64
     exported = torch.load(out / "model_full.pt", weights_only=True)
     assert all(torch.equal(exported[k], v) for k, v in weights.items())

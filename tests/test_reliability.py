@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from common.launcher import WorkerError, launch
-from lessons import SCRIPTS, assert_clean, metrics, run_script
+from lessons import INJECT, SCRIPTS, assert_clean, metrics, run_script
 
 NPROC = {"02": None, "04": 2, "05": 2}
 
@@ -35,6 +35,8 @@ def same_numbers(a, b):
 
 @pytest.mark.parametrize("lesson", ["02", "04", "05"])
 def test_resume_after_epoch_k_is_exact(lesson, small, tmp_path):
+    """Also: 1001 test images in batches of 500 on 2 ranks are shards of 501 and 500, so 2 and 1 batches."""
+    small = [*small, "--test-samples", 1001, "--test-batch-size", 500]
     whole, split = tmp_path / "whole", tmp_path / "split"
     assert_clean(run_script(lesson, *small, "--epochs", 3, "--output-dir", whole, nproc=NPROC[lesson]))
     assert_clean(run_script(lesson, *small, "--epochs", 1, "--output-dir", split, nproc=NPROC[lesson]))
@@ -44,6 +46,21 @@ def test_resume_after_epoch_k_is_exact(lesson, small, tmp_path):
     assert same_numbers(metrics(whole), metrics(split))  # every epoch once, same losses and accuracies
     for name, value in final_weights(whole, lesson).items():
         assert torch.equal(value, final_weights(split, lesson)[name]), name
+    assert metrics(split)["epochs"][-1]["test_samples"] == 1001
+
+
+@pytest.mark.parametrize("lesson", ["04", "05"])
+def test_a_stop_before_the_first_step_of_a_resumed_epoch_with_clip_grad(lesson, small, tmp_path):
+    """The stop is agreed at step 10; the resumed run is asked to stop again before its first step."""
+    args = [*small, "--train-samples", 1600, "--epochs", 1, "--clip-grad", 0.5, "--output-dir", tmp_path]
+    assert_clean(run_script(lesson, *args, nproc=2, env={**INJECT, "FAIL_AT_STEP": "0:1:USR1"}))
+    proc = run_script(lesson, *args, "--resume", "auto", nproc=2, env={**INJECT, "FAIL_AT_STEP": "1:10:TERM"})
+    assert_clean(proc)
+    assert "resume: from" in proc.stdout and "stopped by SIGTERM at epoch 1 step 10, checkpoint saved" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == \
+        [f"ckpt-e0000-s0000010{'' if lesson == '05' else '.pt'}"]  # the same place, written again whole
+    assert_clean(run_script(lesson, *args, "--resume", "auto", nproc=2))
+    assert [e["epoch"] for e in metrics(tmp_path)["epochs"]] == [1]
 
 
 def test_sigusr1_mid_epoch_stops_all_ranks_saves_and_resumes_exactly(small, tmp_path):
@@ -51,9 +68,9 @@ def test_sigusr1_mid_epoch_stops_all_ranks_saves_and_resumes_exactly(small, tmp_
     args = [*small, "--train-samples", 1600, "--epochs", 3]
     assert_clean(run_script("04", *args, "--output-dir", whole, nproc=2))
     # Rank 1 alone gets SIGUSR1 at step 12 of epoch 1; all ranks agree at the next check (step 20) and stop.
-    proc = run_script("04", *args, "--output-dir", hit, nproc=2, env={"FAIL_AT_STEP": "1:12:USR1"})
+    proc = run_script("04", *args, "--output-dir", hit, nproc=2, env={**INJECT, "FAIL_AT_STEP": "1:12:USR1"})
     assert_clean(proc)
-    assert "preempted: SIGUSR1 at epoch 1 step 20, checkpoint saved; not a Slurm job" in proc.stdout, proc.stdout
+    assert "stopped by SIGUSR1 at epoch 1 step 20, checkpoint saved: not a Slurm job" in proc.stdout, proc.stdout
     assert [p.name for p in (hit / "checkpoints").iterdir()] == ["ckpt-e0000-s0000020.pt"]
     proc = run_script("04", *args, "--output-dir", hit, "--resume", "auto", nproc=2)
     assert_clean(proc)
@@ -67,7 +84,7 @@ def test_elastic_restart_after_a_worker_is_killed(small, tmp_path):
     assert_clean(run_script("04", *args, "--epochs", 1, nproc=2))
     # Epoch 2: rank 1 is SIGKILLed at step 12; torchrun restarts the whole group once, which resumes from epoch 1.
     proc = run_script("04", *args, "--epochs", 3, "--resume", "auto", nproc=2, extra=["--max-restarts=1"],
-                      env={"FAIL_AT_STEP": "1:12:KILL"})
+                      env={**INJECT, "FAIL_AT_STEP": "1:12:KILL"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("resume: from") == 2, proc.stdout  # the first attempt and the restarted one
     assert [e["epoch"] for e in metrics(tmp_path)["epochs"]] == [1, 2, 3]
@@ -76,7 +93,7 @@ def test_elastic_restart_after_a_worker_is_killed(small, tmp_path):
 def test_a_failing_rank_ends_the_torchrun_job_quickly(small, tmp_path):
     start = time.monotonic()
     proc = run_script("04", *small, "--epochs", 1, "--output-dir", tmp_path, nproc=2, timeout=120,
-                      env={"FAIL_AT_STEP": "1:3", "DIST_TIMEOUT_SECONDS": "20"})
+                      env={**INJECT, "FAIL_AT_STEP": "1:3", "DIST_TIMEOUT_SECONDS": "20"})
     assert proc.returncode != 0 and time.monotonic() - start < 60
     assert "rank 1 fails at step 3" in proc.stdout + proc.stderr
 
@@ -86,6 +103,7 @@ def test_a_failing_rank_ends_the_notebook_launcher_quickly(small, tmp_path, monk
     monkeypatch.syspath_prepend(str(SCRIPTS["04"].parent))  # the workers import the lesson script by name
     module = importlib.import_module("mnist_ddpmodel")
     monkeypatch.setenv("FAIL_AT_STEP", "1:2")
+    monkeypatch.setenv("PYTHONPATH", INJECT["PYTHONPATH"])  # the spawned workers load tests/inject/sitecustomize
     start = time.monotonic()
     with pytest.raises(WorkerError, match="rank 1 failed: RuntimeError: FAIL_AT_STEP"):
         launch(module.main, nprocs=2, args=([*small, "--epochs", "1", "--output-dir", str(tmp_path)],), timeout_s=120)
@@ -116,9 +134,8 @@ def test_clear_errors(small, tmp_path, synthetic_dir):
         (["--resume", truncated], {}, ("not a readable checkpoint", str(truncated))),
         (["--resume", good, "--width", 2], {}, ("another kind of run", "width 1 there, 2 here")),
         (["--resume", fsdp_ckpt], {}, ("another kind of run", "lesson '05_multigpu_fsdp_training' there")),
-        (["--batch-size", 0], {}, ("--batch-size", "positive integer")),
+        (["--batch-size", 0], {}, ("--batch-size", "must be >= 1, got 0")),
         (["--device", "cuda"], {}, ("no CUDA GPU", "--device cpu")),
-        ([], {"DIST_BACKEND": "nccl"}, ("nccl needs CUDA",)),
     ]
     for extra, env, needles in cases:
         one_line_error(run_script("04", *small, "--output-dir", tmp_path / "x", *extra, env=env), *needles)

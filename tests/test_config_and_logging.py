@@ -1,0 +1,70 @@
+"""A run described by a file (--config, config.yaml), TensorBoard event files, and torch.compile under DDP/FSDP."""
+import pytest
+
+from common.cli import base_parser, parse
+from common.errors import CourseError
+from lessons import assert_clean, metrics, run_script
+
+
+def parser():
+    return base_parser("02_singlegpu_training", "test")
+
+
+def test_config_sets_defaults_and_the_command_line_wins(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("epochs: 3\nlr: 1e-3\noptimizer: adamw\ndata-dir: /scratch/mnist\namp: true\n")
+    args = parse(parser(), ["--config", config, "--epochs", "5"])
+    assert (args.epochs, args.lr, args.optimizer, args.data_dir, args.amp) == (5, 1e-3, "adamw", "/scratch/mnist", True)
+    toml = tmp_path / "run.toml"
+    toml.write_text('epochs = 2\nschedule = "onecycle"\n')
+    assert (parse(parser(), ["--config", toml]).epochs, parse(parser(), ["--config", toml]).schedule) == (2, "onecycle")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("epochz: 3\n", "unknown key 'epochz': did you mean epochs?"),
+    ("batch-size: 0\n", "batch-size: must be >= 1, got 0"),
+    ("optimizer: adam\n", "optimizer: 'adam' is not one of adadelta, adamw, sgd"),
+    ("- 3\n", "expected `flag: value` lines"),
+    ("epochs: [\n", "is not valid YAML"),
+])
+def test_config_mistakes_are_one_line_errors(tmp_path, text, message):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    with pytest.raises(CourseError, match=message.replace("[", r"\[")) as info:
+        parse(parser(), ["--config", config])
+    assert "\n" not in str(info.value)
+
+
+def test_config_yaml_replays_a_run_and_tensorboard_matches_metrics(synthetic_dir, tmp_path):
+    first, replay = tmp_path / "first", tmp_path / "replay"
+    flags = ["--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", 0, "--train-samples", 320,
+             "--test-samples", 64, "--epochs", 2, "--batch-size", 32, "--optimizer", "adamw", "--lr", 2e-3,
+             "--seed", 7, "--tensorboard"]
+    assert_clean(run_script("02", *flags, "--output-dir", first))
+    assert_clean(run_script("02", "--config", first / "config.yaml", "--output-dir", replay))
+    a, b = metrics(first), metrics(replay)
+    assert {k: v for k, v in a["args"].items() if k not in ("output_dir", "config")} == \
+           {k: v for k, v in b["args"].items() if k not in ("output_dir", "config")}
+    keep = ("train_loss", "test_loss", "test_accuracy")
+    assert [[r[k] for k in keep] for r in a["epochs"]] == [[r[k] for k in keep] for r in b["epochs"]]
+    # TensorBoard: read the event file back, the scalars are metrics.json's
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(first / "tensorboard"))
+    events.Reload()
+    for tag, key in (("loss/train", "train_loss"), ("accuracy/test", "test_accuracy"), ("lr", "lr"),
+                     ("images_per_second", "train_images_per_second")):
+        scalars = events.Scalars(tag)
+        assert [s.step for s in scalars] == [1, 2]
+        assert [s.value for s in scalars] == pytest.approx([r[key] for r in a["epochs"]], rel=1e-6)
+
+
+@pytest.mark.parametrize("lesson", ["04", "05"])
+def test_compile_after_the_ddp_wrap_and_after_fully_shard(synthetic_dir, tmp_path, lesson):
+    """--compile under DDP (Dynamo's DDPOptimizer splits the graph at the buckets) and under fully_shard, on CPU.
+
+    aot_eager traces forward and backward as inductor does but skips code generation, so the test takes seconds."""
+    proc = run_script(lesson, "--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", 0,
+                      "--train-samples", 256, "--test-samples", 64, "--epochs", 1, "--batch-size", 32,
+                      "--compile", "aot_eager", "--output-dir", tmp_path, nproc=2, timeout=300)
+    assert_clean(proc)
+    assert metrics(tmp_path)["args"]["compile"] == "aot_eager" and metrics(tmp_path)["epochs"][0]["test_samples"] == 64
