@@ -11,11 +11,13 @@ import sys
 import torch
 import torch.distributed as dist
 
+from common.cli import Parser
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
 from common.errors import run
 
 
 def main(argv=None):
+    Parser(description="Check all_reduce, broadcast, all_gather and barrier on every rank (no flags)").parse_args(argv)
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables
     device = pick_device("auto", env)  # cuda:LOCAL_RANK if there are GPUs, else the CPU
     if device.type == "cuda":

@@ -33,7 +33,7 @@ LESSON = "03_dp_training"
 def train(args, model, device, train_loader, optimizer, scheduler, position, stop):
     """One epoch, from position.step on. Leaves early, between two steps, when a stop was requested."""
     model.train()
-    meter = EpochMeter(device)
+    meter = position.meter(device)  # the epoch's training loss; a resumed epoch continues its own sums
     for i, (data, target) in enumerate(position.remaining(train_loader, args)):  # a resumed epoch skips its steps
         if i % args.grad_accum == 0 and stop.request:  # Ctrl-C or SIGTERM arrived
             break  # between two optimizer steps; the caller saves a checkpoint here

@@ -49,7 +49,7 @@ def stop_agreed(stop, group) -> bool:
 def train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group):
     """One epoch, from position.step on. Leaves early, between two steps, when a stop was requested."""
     model.train()
-    meter = EpochMeter(device)
+    meter = position.meter(device)  # the epoch's training loss; a resumed epoch continues its own sums
     for i, (data, target) in enumerate(position.remaining(train_loader, args)):  # a resumed epoch skips its steps
         if i % args.grad_accum == 0 and position.step % 10 == 0 and stop_agreed(stop, stop_group):  # every 10 steps
             break  # between two optimizer steps; the caller saves a checkpoint here

@@ -100,3 +100,29 @@ def load_checkpoint(path):
     full = _full_parameters(model)
     dist.destroy_process_group()
     return full
+
+
+def state_bytes(blocks, hidden):
+    """The bytes of parameters, gradients and AdamW state THIS rank holds, on the parameter-heavy Net, after a step.
+
+    Counted from the tensors themselves: a DTensor's to_local() is the piece this rank stores.
+    """
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    model = Net(blocks=blocks, hidden=hidden)
+    for unit in (model.features, model.fc1, *model.blocks, model.fc2, model):  # as lesson 05 does
+        fully_shard(unit, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    F.nll_loss(model(torch.randn(8, 1, 28, 28)), torch.randint(0, 10, (8,))).backward()
+    optimizer.step()
+
+    def local_bytes(tensors):
+        return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors)
+    held = {"parameters": local_bytes(model.parameters()),
+            "gradients": local_bytes(p.grad for p in model.parameters()),
+            "AdamW state": local_bytes(t for s in optimizer.state.values() for t in s.values() if t.dim() > 0)}
+    say(" | ".join(f"{k} {v / 2**20:6.2f} MiB" for k, v in held.items()) +
+        f" | total {sum(held.values()) / 2**20:6.2f} MiB")
+    dist.destroy_process_group()
+    return sum(held.values())

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
 
 from common.distributed import barrier, is_main_process
 from common.errors import CourseError, one_line
-from common.files import replace_folder
+from common.files import creatable_folder, replace_folder
 from common.log import log0, plural
 
 NAME = re.compile(r"^ckpt-e(\d{4})-s(\d{7})(\.pt)?$")
@@ -43,6 +44,7 @@ def read_meta(path) -> dict:
         raise CourseError(f"checkpoint {path} does not exist: check --resume")
     try:
         if path.is_dir():
+            FileSystemReader(path).read_metadata()  # a missing or cut .metadata fails here, before DCP logs it
             state = {"run": {k: None for k in signature(None, "")}, "position": {"epoch": 0, "step": 0, "rng": b""}}
             with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
                 warnings.simplefilter("ignore", UserWarning)
@@ -53,8 +55,9 @@ def read_meta(path) -> dict:
     except BaseException as exc:  # DCP's CheckpointException derives from BaseException
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
+        why = one_line(str(exc).split("Traceback")[0], 200)  # DCP's messages embed whole tracebacks
         raise CourseError(f"{path} is not a readable checkpoint (truncated, or not written by this course): "
-                          f"{one_line(exc, 200)}") from None
+                          f"{why}") from None
     if state["run"].get("format") != FORMAT:
         raise CourseError(f"{path} was not written by this version of the course: start fresh or pass another")
     return state
@@ -68,6 +71,9 @@ class CheckpointDir:
     """
 
     def __init__(self, args, lesson: str, sharded: bool = False):
+        problem = creatable_folder(args.output_dir)  # at the very start: before anything slow
+        if problem:
+            raise CourseError(f"--output-dir {args.output_dir}: {problem}: pick a folder you can write to")
         self.dir = Path(args.output_dir) / ("dry-run-checkpoints" if args.dry_run else "checkpoints")
         where = self.dir if args.dry_run else Path(args.output_dir)
         self.best_path = where / ("best" if sharded else "best.pt")  # the best validation epoch's checkpoint

@@ -184,6 +184,12 @@ def parse(parser: Parser, argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.dry_run:
         args.epochs, args.max_steps = 1, 2
+    if args.compile:
+        from torch._dynamo import list_backends
+        if args.compile not in list_backends(exclude_tags=()):
+            close = difflib.get_close_matches(args.compile, list_backends(exclude_tags=()), n=1)
+            raise CourseError(f"--compile {args.compile}: not a torch.compile backend"
+                              f"{f'; did you mean {close[0]}?' if close else ' (try inductor or aot_eager)'}")
     if args.patience and not args.val_samples:
         raise CourseError("--patience needs a validation set: add --val-samples N (e.g. 5000)")
     return args

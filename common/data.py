@@ -20,7 +20,7 @@ from torch.utils.data import Subset
 from torchvision import transforms
 
 from common.errors import CourseError, one_line
-from common.files import atomic_write
+from common.files import atomic_write, creatable_folder
 from common.synthetic import write_synthetic_mnist
 
 MNIST_MEAN = 0.1307
@@ -125,8 +125,15 @@ def prepare_data(data_dir, kind: str = "mnist", download: bool = True, seed: int
     Raises CourseError (one line naming the fix) if that is not possible.
     """
     root = dataset_root(data_dir, kind)
+    problem = creatable_folder(data_dir)
+    if problem:
+        raise CourseError(f"--data-dir {data_dir}: {problem}: check --data-dir")
     if kind == "synthetic":
-        write_synthetic_mnist(root, seed=seed)
+        try:
+            write_synthetic_mnist(root, seed=seed)
+        except OSError as exc:
+            raise CourseError(f"cannot write the synthetic data to {root} ({exc.strerror}): pick a --data-dir "
+                              f"you can write to") from None
         return root
     raw = raw_folder(root)
     problems = {name: _idx_problem(raw / name) for name in RAW_FILES}

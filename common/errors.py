@@ -51,7 +51,9 @@ def _port_in_use(exc: BaseException) -> bool:
 def _is_communication_error(exc: BaseException) -> bool:
     """A collective or the store failed: usually because another rank exited first."""
     import torch.distributed as dist
-    return isinstance(exc, (dist.DistError, ConnectionError)) or "Connection closed by peer" in str(exc)
+    text = str(exc)
+    return isinstance(exc, (dist.DistError, ConnectionError)) or "Connection closed by peer" in text \
+        or "Timed out waiting" in text
 
 
 def run(main, argv=None) -> None:

@@ -54,3 +54,15 @@ def replace_folder(finished, path) -> None:
         path.rename(old)
     finished.rename(path)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def creatable_folder(path) -> str | None:
+    """None if `path` is a folder or could be made one (its nearest existing ancestor is a folder we may write
+    to), else why not. Creates nothing: a mistyped path must not leave folders behind."""
+    path = Path(path).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    if existing != path and not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None

@@ -37,12 +37,14 @@ class EpochMeter:
     Sums stay on the device as tensors so that update() never forces a GPU sync.
     """
 
-    def __init__(self, device: torch.device | str = "cpu"):
+    def __init__(self, device: torch.device | str = "cpu", loss_sum: float = 0.0, count: int = 0,
+                 seconds: float = 0.0):
+        """loss_sum, count, seconds: what an interrupted epoch had measured before the restart (else zeros)."""
         self.device = torch.device(device)
-        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.loss_sum = torch.tensor(loss_sum, dtype=torch.float64, device=self.device)
         self.correct = torch.zeros((), dtype=torch.int64, device=self.device)
-        self.count = 0
-        self.start = time.perf_counter()
+        self.count = count
+        self.start = time.perf_counter() - seconds
         self.seconds = None  # set by stop_clock(); until then reduce() measures up to its own call
 
     def update(self, loss_sum: torch.Tensor, correct: torch.Tensor | int, count: int) -> None:
@@ -51,6 +53,10 @@ class EpochMeter:
         if not isinstance(correct, int) or correct:  # training passes 0: skip a pointless GPU kernel
             self.correct += correct
         self.count += count
+
+    def partial(self) -> dict:
+        """This rank's sums so far, for a checkpoint in the middle of an epoch (waits for the GPU)."""
+        return {"loss_sum": self.loss_sum.item(), "count": self.count, "seconds": time.perf_counter() - self.start}
 
     def stop_clock(self) -> None:
         """End the timed part here (e.g. before evaluation); waits for the GPU so the time is real."""

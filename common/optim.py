@@ -22,12 +22,13 @@ def scaled_lr(args, world_size: int = 1) -> float:
 
 
 def make_optimizer(args, params, world_size: int = 1) -> torch.optim.Optimizer:
-    lr = scaled_lr(args, world_size)
+    params, lr = list(params), scaled_lr(args, world_size)
+    fused = params[0].is_cuda  # on GPUs: one kernel updates every parameter (Adadelta has no fused version)
     if args.optimizer == "adadelta":
         return torch.optim.Adadelta(params, lr=lr)  # the classic MNIST example's choice
     if args.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-    return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01, fused=fused)
+    return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, fused=fused)
 
 
 def make_scheduler(args, optimizer, steps_per_epoch: int):
@@ -40,7 +41,8 @@ def make_scheduler(args, optimizer, steps_per_epoch: int):
     if args.schedule == "onecycle":
         rise = args.warmup_steps / total if args.warmup_steps else 0.25
         return OneCycleLR(optimizer, max_lr=[g["lr"] for g in optimizer.param_groups], total_steps=total,
-                          pct_start=min(max(rise, 1 / total), 0.99))
+                          pct_start=min(max(rise, 1 / total), 0.99),
+                          cycle_momentum=args.optimizer == "sgd")  # Adam's beta1 stays 0.9 (Adadelta has none)
     warmup = max(args.warmup_steps, 0)
 
     def factor(step: int) -> float:  # step = optimizer steps taken so far

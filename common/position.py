@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 
 import torch
 import torch.distributed as dist
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from common.distributed import get_rank, get_world_size
 from common.errors import CourseError
 from common.log import progress_bar
+from common.metrics import EpochMeter
 
 
 def steps_per_epoch(loader, args) -> int:
@@ -29,6 +31,12 @@ def steps_per_epoch(loader, args) -> int:
 class Position:
     def __init__(self, epoch: int = 1, step: int = 0):
         self.epoch, self.step = epoch, step  # the epoch to run next, and the optimizer steps already done in it
+        self._meter, self._partial = None, {}  # the training sums of the epoch in progress
+
+    def meter(self, device) -> EpochMeter:
+        """The epoch's training-loss meter; a resumed epoch goes on with the sums it had when it stopped."""
+        self._meter = EpochMeter(device, **self._partial)
+        return self._meter
 
     def remaining(self, loader, args):
         """This epoch's batches from `step` on (a restarted epoch skips what it did), up to --max-steps.
@@ -41,6 +49,7 @@ class Position:
 
     def next_epoch(self) -> None:
         self.epoch, self.step = self.epoch + 1, 0
+        self._meter, self._partial = None, {}
 
     def state_dict(self) -> dict:
         """A collective: every rank's random-number state travels to every rank (rank 0 saves them all)."""
@@ -53,10 +62,12 @@ class Position:
             dist.all_gather_object(states, mine)
         buffer = io.BytesIO()
         torch.save(states, buffer)  # one opaque value: its length depends on the number of ranks
-        return {"epoch": self.epoch, "step": self.step, "rng": buffer.getvalue()}
+        partial = self._meter.partial() if self._meter is not None and self.step else {}
+        return {"epoch": self.epoch, "step": self.step, "rng": buffer.getvalue(), "partial": json.dumps(partial)}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.step = state["epoch"], state["step"]
+        self._partial = json.loads(state.get("partial") or "{}")
         states = torch.load(io.BytesIO(state["rng"]), weights_only=True)
         if len(states) == get_world_size():  # with another number of ranks, exact replay is impossible anyway
             torch.set_rng_state(states[get_rank()]["torch"].cpu())

@@ -154,7 +154,7 @@ def test_05_shards_and_a_checkpoint_saved_by_2_loaded_by_3(synthetic_dir, tmp_pa
     nb = execute(NOTEBOOKS[4], synthetic_dir, tmp_path, monkeypatch)
     shards = nb.cell("w.show_shards")
     for rank in (0, 1):
-        assert (f"[rank {rank}] fc1.weight   DTensor global (128, 9216) placements (Shard(dim=0),) local shard (64, 9216)"
+        assert (f"[rank {rank}] fc1.weight        DTensor global (128, 9216) placements (Shard(dim=0),) local shard (64, 9216)"
                 in shards), shards
         assert f"[rank {rank}] holds 599,941 of 1,199,882 parameters (50%)" in shards
         assert f"[rank {rank}] fc1.weight.grad local (64, 9216), Adam exp_avg local (64, 9216)" in shards
@@ -166,6 +166,12 @@ def test_05_shards_and_a_checkpoint_saved_by_2_loaded_by_3(synthetic_dir, tmp_pa
     assert rows == [("0", "43", "4"), ("1", "43", "4"), ("2", "42", "2")], loaded
     assert number(r"max \|saved by 2 ranks - loaded by 3 ranks\| = (\S+)", loaded) == 0
     assert "parameters equal: True" in loaded
+    held = nb.cell("w.state_bytes")  # parameters + gradients + AdamW state per rank: 1/N, nothing duplicated
+    found = re.findall(r"(\d) rank\(s\): largest rank .* = 1/(\S+) of one rank's; all ranks together\s+(\S+) MiB", held)
+    assert [n for n, _, _ in found] == ["1", "2", "3"], held
+    ratios = [float(r) for _, r, _ in found]
+    assert ratios[0] == 1.0 and 1.99 < ratios[1] <= 2.0 and 2.9 < ratios[2] <= 3.0, held
+    assert len({together for _, _, together in found}) == 1, held
 
 
 # ---- the launcher behind the notebooks' multi-process cells -------------------------------------

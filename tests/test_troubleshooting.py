@@ -341,3 +341,35 @@ def test_too_many_open_files_and_the_file_system_strategy():
     assert "received 0 items of ancdata" in fds.out, fds.out[-3000:]
     succeeded(fs)
     assert "ok: 64 batches" in fs.out
+
+
+# ---------------------------------------------------------------- every line in one write
+
+SLOW_STDOUT = '''import sys, time
+class _Slow:  # a stdout that pauses after any write that does not end a line
+    def __init__(self, stream): self._stream = stream
+    def write(self, text):
+        n = self._stream.write(text)
+        if text and not text.endswith("\\n"):
+            self._stream.flush(); time.sleep(0.3)
+        return n
+    def __getattr__(self, name): return getattr(self._stream, name)
+sys.stdout = _Slow(sys.stdout)
+'''
+
+
+def test_ranks_never_share_an_output_line(tmp_path):
+    """Every line the ranks print is ONE write. print() writes the text and the newline separately, so
+    two ranks printing together could give "[rank 1] pid 17465[rank 0] pid 17464". A stdout that waits
+    0.3 s after a write without a newline (a sitecustomize in every process) makes that certain."""
+    (tmp_path / "sitecustomize.py").write_text(SLOW_STDOUT)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), ENV.get("PYTHONPATH")]))}
+    job = torchrun("stuck_rank.py", "--fix", env=env).finish()
+    succeeded(job)
+    lines = job.out.splitlines()
+    assert {"[rank 0]", "[rank 1]"} <= {line[:8] for line in lines}, job.out[-3000:]  # both ranks spoke
+    assert not [line for line in lines if line.count("[rank ") > 1], job.out[-3000:]
+    # The other multi-rank scripts print the same way: through say(), never print().
+    for script in ("stuck_rank.py", "uneven_inputs.py", "unused_parameters.py", "diverged_replicas.py", "rendezvous.py"):
+        code = (LAB / script).read_text()
+        assert "def say(" in code and not re.search(r"^\s*print\(", code, re.M), script

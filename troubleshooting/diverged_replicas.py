@@ -14,11 +14,19 @@ parameters, reduced with MAX and MIN over the ranks; equal replicas give MAX == 
 import argparse
 import datetime
 import gc
+import sys
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def say(line: str) -> None:
+    """Print one line in ONE write. print() writes the text and the newline separately, and the ranks
+    share the terminal (or log file): their lines would interleave, "[rank 1] pid 17465[rank 0] pid 17464"."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def checksum(model: nn.Module) -> float:
@@ -60,7 +68,7 @@ def main() -> None:
         model = DDP(model)  # broadcasts rank 0's parameters and buffers when it is built
 
     same, high, low = replicas_agree(model)
-    print(f"[rank {rank}] after init: checksum {checksum(model):.6f}, replicas equal: {same}", flush=True)
+    say(f"[rank {rank}] after init: checksum {checksum(model):.6f}, replicas equal: {same}")
 
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for _ in range(args.steps):
@@ -75,10 +83,10 @@ def main() -> None:
         opt.step()
 
     same, high, low = replicas_agree(model)
-    print(f"[rank {rank}] after {args.steps} steps: checksum {checksum(model):.6f}", flush=True)
+    say(f"[rank {rank}] after {args.steps} steps: checksum {checksum(model):.6f}")
     if rank == 0:
         verdict = "replicas identical" if same else f"REPLICAS DIVERGED (max {high:.6f} != min {low:.6f})"
-        print(f"[rank 0] parameter checksum over {world} ranks: {verdict}", flush=True)
+        say(f"[rank 0] parameter checksum over {world} ranks: {verdict}")
     dist.destroy_process_group()
     gc.collect()  # free the gloo group now, not during interpreter exit (see README: teardown)
 

@@ -11,9 +11,17 @@ import datetime
 import gc
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
+
+
+def say(line: str) -> None:
+    """Print one line in ONE write. print() writes the text and the newline separately, and the ranks
+    share the terminal (or log file): their lines would interleave, "[rank 1] pid 17465[rank 0] pid 17464"."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
@@ -26,8 +34,8 @@ def main() -> None:
     rank = dist.get_rank()
     ones = torch.ones(1)
     dist.all_reduce(ones)
-    print(f"[rank {rank}] host {socket.gethostname()} MASTER_ADDR={os.environ.get('MASTER_ADDR')} "
-          f"MASTER_PORT={os.environ.get('MASTER_PORT')}: all_reduce of ones = {ones.item():.0f}", flush=True)
+    say(f"[rank {rank}] host {socket.gethostname()} MASTER_ADDR={os.environ.get('MASTER_ADDR')} "
+        f"MASTER_PORT={os.environ.get('MASTER_PORT')}: all_reduce of ones = {ones.item():.0f}")
     dist.barrier()
     dist.destroy_process_group()
     gc.collect()  # free the gloo group now, not during interpreter exit (see README: teardown)

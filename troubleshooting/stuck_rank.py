@@ -13,9 +13,17 @@ import argparse
 import datetime
 import gc
 import os
+import sys
 
 import torch
 import torch.distributed as dist
+
+
+def say(line: str) -> None:
+    """Print one line in ONE write. print() writes the text and the newline separately, and the ranks
+    share the terminal (or log file): their lines would interleave, "[rank 1] pid 17465[rank 0] pid 17464"."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
@@ -33,12 +41,12 @@ def main() -> None:
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     # The pid is what `py-spy dump --pid` needs while the job hangs.
-    print(f"[rank {rank}] pid {os.getpid()}", flush=True)
+    say(f"[rank {rank}] pid {os.getpid()}")
 
     for step in range(3):
         grad = torch.ones(1000, device=device)
         dist.all_reduce(grad)  # every rank, every step: what DDP does in backward()
-    print(f"[rank {rank}] 3 steps done", flush=True)
+    say(f"[rank {rank}] 3 steps done")
 
     loss = torch.tensor([1.0 + rank], device=device)
     stop = torch.tensor([0.0], device=device)
@@ -48,7 +56,7 @@ def main() -> None:
         if args.fix or rank == 0:
             dist.all_reduce(loss)
         if rank == 0:
-            print(f"[rank 0] mean loss {loss.item() / dist.get_world_size():.2f}", flush=True)
+            say(f"[rank 0] mean loss {loss.item() / dist.get_world_size():.2f}")
     else:
         # Two collectives whose order depends on the rank (in real code: iterating over a set or
         # a dict built differently per rank, or an early `continue` on one rank).
@@ -57,10 +65,10 @@ def main() -> None:
             ops.reverse()
         for op in ops:
             op()
-        print(f"[rank {rank}] loss {loss.item():.1f} stop {stop.item():.0f}", flush=True)
+        say(f"[rank {rank}] loss {loss.item():.1f} stop {stop.item():.0f}")
 
     dist.barrier()  # everyone waits here before rank 0 would save a checkpoint
-    print(f"[rank {rank}] finished", flush=True)
+    say(f"[rank {rank}] finished")
     dist.destroy_process_group()
     gc.collect()  # free the gloo group now, not during interpreter exit (see README: teardown)
 

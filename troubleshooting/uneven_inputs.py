@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import datetime
 import gc
+import sys
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,13 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+
+
+def say(line: str) -> None:
+    """Print one line in ONE write. print() writes the text and the newline separately, and the ranks
+    share the terminal (or log file): their lines would interleave, "[rank 1] pid 17465[rank 0] pid 17464"."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
@@ -57,12 +65,12 @@ def main() -> None:
             loss.backward()  # DDP's gradient all_reduce happens here
             opt.step()
             steps += 1
-    print(f"[rank {rank}] {steps} steps done", flush=True)
+    say(f"[rank {rank}] {steps} steps done")
 
     dist.barrier()  # all ranks meet before rank 0 would save a checkpoint
     counts = torch.tensor([float(steps)])
     dist.all_reduce(counts)
-    print(f"[rank {rank}] finished: {steps} steps here, {counts.item():.0f} over {world} ranks", flush=True)
+    say(f"[rank {rank}] finished: {steps} steps here, {counts.item():.0f} over {world} ranks")
     dist.destroy_process_group()
     gc.collect()  # free the gloo group now, not during interpreter exit (see README: teardown)
 

@@ -14,11 +14,19 @@ import argparse
 import datetime
 import gc
 import time
+import sys
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def say(line: str) -> None:
+    """Print one line in ONE write. print() writes the text and the newline separately, and the ranks
+    share the terminal (or log file): their lines would interleave, "[rank 1] pid 17465[rank 0] pid 17464"."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 class Net(nn.Module):
@@ -66,10 +74,10 @@ def main() -> None:
         loss.backward()
         opt.step()
         if rank == 0:
-            print(f"[rank 0] step {step} loss {loss.item():.4f}", flush=True)
+            say(f"[rank 0] step {step} loss {loss.item():.4f}")
     if rank == 0 and args.steps > 1:
         ms = (time.perf_counter() - start) * 1000 / (args.steps - 1)
-        print(f"[rank 0] fix={args.fix} depth={args.depth}: {ms:.2f} ms/step", flush=True)
+        say(f"[rank 0] fix={args.fix} depth={args.depth}: {ms:.2f} ms/step")
     dist.destroy_process_group()
     gc.collect()  # free the gloo group now, not during interpreter exit (see README: teardown)
 
