@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-slurm demo bench clean
+.PHONY: setup test test-floor test-slurm demo bench clean
 
 setup: $(STAMP)
 
@@ -18,6 +18,15 @@ $(STAMP): pyproject.toml
 
 test: setup
 	$(PY) -m pytest tests
+
+# The oldest torch the course supports (pyproject's floor), in its own venv: the lessons run on it too.
+FLOOR_TORCH ?= torch==2.9.1 torchvision==0.24.1
+test-floor:
+	test -x .venv-floor/bin/python || $(PYTHON) -m venv .venv-floor
+	.venv-floor/bin/python -m pip install --quiet --upgrade pip
+	.venv-floor/bin/python -m pip install --quiet $(FLOOR_TORCH) && .venv-floor/bin/python -m pip install --quiet -e '.[dev]'
+	.venv-floor/bin/python -c "import torch; assert torch.__version__.startswith('2.9.'), torch.__version__"
+	.venv-floor/bin/python -m pytest tests/test_lessons.py tests/test_fsdp.py tests/test_config_and_logging.py
 
 # A real two-node Slurm cluster on this machine (needs root; apt-installs slurm and munge if missing).
 test-slurm: setup
@@ -41,4 +50,4 @@ bench: setup
 	$(PY) benchmarks/bench.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info runs outputs .pytest_cache
+	rm -rf $(VENV) .venv-floor *.egg-info runs outputs .pytest_cache

@@ -172,9 +172,10 @@ def main(argv=None):
     with torch.device("meta"):  # shapes only, no memory and no values: no rank ever holds the whole model
         model = Net(**model_flags(args))
     nodes = world_size // env.local_world_size  # --hsdp: a 2-D mesh, replicate across the nodes, shard within each
-    mesh = init_device_mesh(device.type, (nodes, world_size // nodes) if args.hsdp else (world_size,))
-    # --amp: weights all-gathered and used in bf16, gradients reduced in fp32, fp32 master shards; else all fp32.
-    mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.amp else None, reduce_dtype=torch.float32)
+    mesh = init_device_mesh(device.type, (nodes, world_size // nodes), mesh_dim_names=("replicate", "shard")) \
+        if args.hsdp else init_device_mesh(device.type, (world_size,))  # else 1-D: shard over all ranks
+    mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.amp else None,  # --amp: bf16 gathers and
+                                     reduce_dtype=torch.float32)  # compute, fp32 gradient reduction and master shards
     for unit in [model.features, model.fc1, *model.blocks, model.fc2, model]:  # units, then the root (the rest)
         fully_shard(unit, mesh=mesh, mp_policy=mp_policy)  # one unit is all-gathered at a time, then freed
     model.to_empty(device=device)  # this rank's shards, allocated, not initialised
@@ -186,8 +187,7 @@ def main(argv=None):
         model.compile(backend=args.compile)  # torch.compile in place, after fully_shard
     torch.manual_seed(args.seed + rank)  # from here on each rank its own stream: different dropout masks
     log0(f"lesson 05: {world_size} process{'es' if world_size > 1 else ''}, mesh {tuple(mesh.shape)}, "
-         f"{count_parameters(model) / 1e6:,.1f} M parameters, each rank stores ~1/{mesh.shape[-1]}; "
-         f"effective batch {args.batch_size * args.grad_accum * world_size}")
+         f"{count_parameters(model) / 1e6:,.1f} M parameters, each rank stores ~1/{mesh.shape[-1]} of them")
     optimizer = make_optimizer(args, model.parameters(), world_size)  # --lr-scaling uses the world size
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
     warmup_s = warm_up(model, optimizer, train_loader, device, args)  # one-off costs, timed apart, then undone

@@ -23,6 +23,8 @@ from common.errors import CourseError, one_line
 from common.files import creatable_folder, replace_folder
 from common.log import log0, plural
 
+# torch 2.9's DCP writer calls tensor.storage() and warns that TypedStorage is deprecated: nothing to act on.
+warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
 NAME = re.compile(r"^ckpt-e(\d{4})-s(\d{7})(\.pt)?$")
 FORMAT = "distributed-pytorch-course/v3"
 # A checkpoint continues a run only if these agree (the rest, e.g. --epochs or the world size, may change).

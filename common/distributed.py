@@ -157,7 +157,10 @@ def restart_safe_store(launch: LaunchEnv):
 
 
 def get_rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+    """The global rank; before init_process_group, what the launcher said (RANK, else SLURM_PROCID, else 0)."""
+    if dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
 
 
 def get_world_size() -> int:

@@ -37,12 +37,6 @@ def out_of_memory_line(exc: BaseException) -> str:
     return one_line(f"CUDA out of memory{where}{'; ' + tried if tried else ''}: {advice}", 400)
 
 
-def _rank() -> int:
-    """This process's global rank, from the launcher's variables (valid before and after init_process_group)."""
-    import os
-    return int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
-
-
 def _port_in_use(exc: BaseException) -> bool:
     text = str(exc)
     return "EADDRINUSE" in text or "address already in use" in text.lower()
@@ -70,7 +64,9 @@ def run(main, argv=None) -> None:
     import torch
     import torch.distributed as dist
 
-    quiet = _rank() != 0
+    from common.distributed import get_rank
+
+    quiet = get_rank() != 0
     code, line = 0, None
     try:
         main(argv)
@@ -90,7 +86,7 @@ def run(main, argv=None) -> None:
             code, line = 2, (f"error: MASTER_PORT {port} is already in use on {addr}: pick another, e.g. "
                              f"MASTER_PORT={port and int(port) + 1} (torchrun: --master_port or --rdzv_endpoint)")
         elif quiet and _is_communication_error(exc):  # the rank that failed first says why
-            code, line, quiet = 1, f"rank {_rank()}: stopping, another rank failed ({one_line(exc, 120)})", False
+            code, line, quiet = 1, f"rank {get_rank()}: stopping, another rank failed ({one_line(exc, 120)})", False
         else:
             raise
     if code in (2, 130) and dist.is_initialized():  # leave no group behind: a notebook may call main() again

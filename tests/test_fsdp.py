@@ -37,7 +37,8 @@ def test_sharded_pieces_equal_a_plain_net(tmp_path):
 
 
 def test_init_from_lesson_04_checkpoint_with_amp_and_clip(small, tmp_path):
-    """A lesson 04 checkpoint (its "model") loads into the sharded model; lr 1e-30 keeps it, so the export equals it."""
+    """A lesson 04 checkpoint (its "model") loads into the sharded model; lr 1e-30 keeps it, so the export equals it
+    (to 1e-20: a step of 1e-30 x an update of order 1 shows only on weights that are themselves that small)."""
     torch.manual_seed(7)
     weights = Net().state_dict()
     ckpt = tmp_path / "ckpt-e0003-s0000000.pt"
@@ -48,7 +49,7 @@ def test_init_from_lesson_04_checkpoint_with_amp_and_clip(small, tmp_path):
     assert_clean(proc)
     assert metrics(out)["args"]["amp"] is True and metrics(out)["epochs"][0]["test_samples"] == 64
     exported = torch.load(out / "model_full.pt", weights_only=True)
-    assert all(torch.equal(exported[k], v) for k, v in weights.items())
+    assert all(torch.allclose(exported[k], v, rtol=0, atol=1e-20) for k, v in weights.items())  # lr 1e-30 x ~1
     bad = run_script("05", *small, "--init-from", ckpt, "--width", 2, "--output-dir", tmp_path / "bad", nproc=2)
     assert bad.returncode != 0 and "--init-from" in bad.stderr and "same --width" in bad.stderr
 

@@ -49,7 +49,7 @@ def test_02_single_process(small, tmp_path):
     assert proc.stdout.count("epoch ") >= 2 and "test_accuracy" in proc.stdout
     ckpt = torch.load(tmp_path / "checkpoints" / "ckpt-e0002-s0000000.pt", weights_only=True)
     Net().load_state_dict(ckpt["model"])  # plain keys: loads into a plain Net
-    assert ckpt["progress"]["epoch"] == 3 and ckpt["optimizer"]["state"] and ckpt["scheduler"]
+    assert ckpt["position"]["epoch"] == 3 and ckpt["optimizer"]["state"] and ckpt["scheduler"]
 
 
 def test_02_profile_says_where_time_goes(small, tmp_path):
