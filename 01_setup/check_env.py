@@ -32,8 +32,8 @@ def main() -> int:
         print(f"{key:<22} {value}")
 
     problems = []
-    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 6):
-        problems.append(f"torch {torch.__version__} is older than 2.6: upgrade it")
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 9):
+        problems.append(f"torch {torch.__version__} is older than 2.9, which the lessons need: upgrade it")
     if not dist.is_gloo_available():
         problems.append("gloo is missing: reinstall torch")
     if n_gpus and not nccl:

@@ -36,6 +36,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.cli import Parser, count, positive_int
 from common.distributed import init_timeout, launch_env, pick_device
 from common.errors import CourseError, run
 from common.model import Net, count_parameters, model_flags
@@ -195,16 +196,17 @@ def table(rows) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--width", type=int, default=1, help="CNN channels x N: ACTIVATIONS grow (default: 1)")
-    p.add_argument("--blocks", type=int, default=0, help="hidden-to-hidden blocks: PARAMETERS grow (default: 0)")
-    p.add_argument("--hidden", type=int, default=None, help="width of fc1 and the blocks (default: 128 x --width)")
-    p.add_argument("--batch-size", type=int, default=64, help="images per rank per step (default: 64)")
-    p.add_argument("--steps", type=int, default=5, help="AdamW steps; s/step is the median after the first (default: 5)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--width", type=positive_int, default=1, help="CNN channels x N: ACTIVATIONS grow (default: 1)")
+    p.add_argument("--blocks", type=count, default=0, help="hidden-to-hidden blocks: PARAMETERS grow (default: 0)")
+    p.add_argument("--hidden", type=positive_int, default=None, help="width of fc1 and the blocks (default: 128 x --width)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="images per rank per step (default: 64)")
+    p.add_argument("--steps", type=positive_int, default=5,
+                   help="AdamW steps; s/step is the median after the first (default: 5)")
+    p.add_argument("--seed", type=count, default=1, help="random seed (default: 1)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="(default: auto)")
     for tool in TOOLS:
-        p.add_argument(f"--{tool}", action="store_true")
+        p.add_argument(f"--{tool}", action="store_true", help=f"the {tool.replace('-', ' ')} tool (see the table above)")
     p.add_argument("--sweep", default=None, help='several configs in one launch, e.g. "blocks=0,8;hidden=2048"')
     p.add_argument("--profile", metavar="TRACE.json", help="trace the last 3 steps of the last config (rank 0 writes)")
     args = p.parse_args(argv)

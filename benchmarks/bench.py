@@ -41,7 +41,7 @@ SCRIPTS = {"02": "02_singlegpu_training/mnist_singlegpu.py", "03": "03_dp_traini
            "04": "04_ddp_training/mnist_ddpmodel.py", "05": "05_multigpu_fsdp_training/mnist_fsdpmodel.py"}
 SUITES = ("recipe", "classic", "scaling", "dp", "throughput", "memory")  # run in this order
 
-# Time to 99% (issue 11): lesson 04, data on the GPUs, AdamW + OneCycle (pct_start 0.25 when --warmup-steps is 0),
+# Time to 99%: lesson 04, data on the GPUs, AdamW + OneCycle (pct_start 0.25 when --warmup-steps is 0),
 # 512 per GPU, no lr scaling, untimed warm-up; it stops at the first epoch reaching the target. Change it here.
 RECIPE = ["--data-on-device", "--batch-size", "512", "--optimizer", "adamw", "--lr", "6e-3",
           "--schedule", "onecycle", "--epochs", "5", "--target-accuracy", "0.99"]

@@ -30,7 +30,7 @@ def _empty(ax, what: str) -> None:
 
 
 def time_to_target(plt, rows):
-    """Per seed, one bar per GPU count; the limits of issue 11 as dashed lines; an x where 99% was not reached."""
+    """Per seed, one bar per GPU count; the time limits as dashed lines; an x where 99% was not reached."""
     from benchmarks.report import TARGET_SECONDS
     rs = _real_first(_ok(rows, "recipe"))
     fig, ax = plt.subplots(figsize=(6, 4))

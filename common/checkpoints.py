@@ -34,8 +34,11 @@ COMPATIBLE = ("data", "train_samples", "val_samples", "width", "blocks", "hidden
 
 
 def signature(args, lesson: str) -> dict:
-    """What kind of run wrote a checkpoint: saved in it as "run", compared on resume."""
-    return {"format": FORMAT, "lesson": lesson, **{k: getattr(args, k, None) for k in COMPATIBLE}}
+    """What kind of run wrote a checkpoint: saved in it as "run", compared on resume. A OneCycle schedule spans
+    exactly --epochs, so a onecycle run continues only with the same --epochs."""
+    onecycle = getattr(args, "schedule", None) == "onecycle"
+    return {"format": FORMAT, "lesson": lesson, **{k: getattr(args, k, None) for k in COMPATIBLE},
+            "onecycle_epochs": args.epochs if onecycle else None}
 
 
 def read_meta(path) -> dict:

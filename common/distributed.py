@@ -128,6 +128,8 @@ def pick_device(requested: str = "auto", launch: LaunchEnv | None = None) -> tor
 
 def describe_gpu_paths(n_gpus: int) -> str:
     """How GPU 0 reaches each other GPU: peer to peer (NVLink or PCIe), or through host memory (slow)."""
+    if n_gpus < 2:
+        return "one device: no copies between GPUs"
     lines = []
     for other in range(1, n_gpus):
         if torch.cuda.can_device_access_peer(0, other):

@@ -85,8 +85,9 @@ def run(main, argv=None) -> None:
             port, addr = os.environ.get("MASTER_PORT"), os.environ.get("MASTER_ADDR")
             code, line = 2, (f"error: MASTER_PORT {port} is already in use on {addr}: pick another, e.g. "
                              f"MASTER_PORT={port and int(port) + 1} (torchrun: --master_port or --rdzv_endpoint)")
-        elif quiet and _is_communication_error(exc):  # the rank that failed first says why
-            code, line, quiet = 1, f"rank {get_rank()}: stopping, another rank failed ({one_line(exc, 120)})", False
+        elif _is_communication_error(exc):  # usually another rank exited first: its own error says why
+            code, line, quiet = 1, (f"rank {get_rank()}: stopping, a collective failed, most likely because another "
+                                    f"rank stopped first (see its error) ({one_line(exc, 120)})"), False
         else:
             raise
     if code in (2, 130) and dist.is_initialized():  # leave no group behind: a notebook may call main() again

@@ -7,6 +7,7 @@ classic example spends. Both paths take the SAME sampler, so sharding and shuffl
 from __future__ import annotations
 
 import math
+import signal
 
 import torch
 from torch.utils.data import Sampler, Subset
@@ -60,5 +61,17 @@ def loader_options(args, device: torch.device) -> dict:
     generator: the loader's own, so that starting an epoch leaves the global RNG (dropout) alone and
     a resumed run draws exactly the same numbers.
     """
-    return {"num_workers": args.num_workers, "pin_memory": device.type == "cuda",
+    return {"num_workers": args.num_workers, "pin_memory": device.type == "cuda", "worker_init_fn": ignore_stop_signals,
             "persistent_workers": args.num_workers > 0, "generator": torch.Generator()}
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """In each DataLoader worker: leave Ctrl-C, SIGTERM and SIGUSR1 to the training process.
+
+    Slurm (at the time limit, on scancel) and a terminal signal every process of the job, the workers
+    too. A worker killed by SIGTERM makes the training loop raise "DataLoader worker ... is killed by
+    signal" instead of finishing the step and saving its checkpoint. Ignoring them here is safe: the
+    DataLoader stops its workers itself, and a worker whose training process is gone exits on its own.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch.optim.lr_scheduler import LambdaLR, OneCycleLR
 
+from common.errors import CourseError
+
 DEFAULT_LR = {"adadelta": 1.0, "adamw": 1e-3, "sgd": 0.05}
 
 
@@ -39,9 +41,12 @@ def make_scheduler(args, optimizer, steps_per_epoch: int):
     """
     total = args.epochs * steps_per_epoch
     if args.schedule == "onecycle":
+        if total < 4:
+            raise CourseError(f"--schedule onecycle over {total} optimizer steps: it needs at least 4 (more "
+                              f"--epochs or --train-samples, a smaller --batch-size), or --schedule step")
         rise = args.warmup_steps / total if args.warmup_steps else 0.25
         return OneCycleLR(optimizer, max_lr=[g["lr"] for g in optimizer.param_groups], total_steps=total,
-                          pct_start=min(max(rise, 1 / total), 0.99),
+                          pct_start=min(max(rise, 2 / total), 0.99),  # its rise must span 2 steps or more
                           cycle_momentum=args.optimizer == "sgd")  # Adam's beta1 stays 0.9 (Adadelta has none)
     warmup = max(args.warmup_steps, 0)
 

@@ -4,9 +4,10 @@ A handler only writes down that a request came; the lesson decides WHERE to stop
 every rank must leave the training loop at the same step, so lessons 04 and 05 compare the ranks'
 requests with an all_reduce (their `stop_agreed`) and save a checkpoint there.
 
-Ctrl-C in a terminal reaches every process of the job at once (torchrun and its workers); torchrun
-then forwards a second SIGINT to its workers. Both count as one request. A Ctrl-C more than
-CTRL_C_REPEAT_S seconds after the first stops at once (KeyboardInterrupt), without a checkpoint.
+Ctrl-C reaches the foreground processes of the terminal: a plain `python` run, or torchrun, which
+forwards it to its workers (torch starts them in sessions of their own). A second Ctrl-C within
+CTRL_C_REPEAT_S seconds counts as the same press; a later one stops at once (KeyboardInterrupt),
+without waiting for the checkpoint.
 """
 from __future__ import annotations
 
