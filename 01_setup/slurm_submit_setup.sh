@@ -2,7 +2,8 @@
 # Lesson 01 on Slurm: is the software ready on a compute node, and can processes talk?
 # Runs check_env.py once per node, then hello_distributed.py in one process per GPU (srun).
 #
-#   cd <the course folder>; mkdir -p logs        # once: Slurm does not create logs/
+#   cd <the course folder>                       # ALWAYS submit from here: the job finds the course by it
+#   mkdir -p logs                                # once: Slurm does not create logs/
 #   sbatch 01_setup/slurm_submit_setup.sh         # or: sbatch -A my_account -p my_partition 01_setup/...
 #   cat logs/setup-check-<jobid>.out              # expect "verdict: READY" and "OK: ... verified on 2 rank(s)"
 #
@@ -17,13 +18,7 @@
 #SBATCH --time=00:05:00
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
 set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
-# Site settings (modules, Python environment, data, debugging) are in slurm/site.sh. sbatch runs a COPY of this
-# script from a spool folder, so the course is found from where you ran sbatch, upwards (or set COURSE_DIR).
-COURSE_DIR=${COURSE_DIR:-${SLURM_SUBMIT_DIR:?not inside a Slurm job: submit it with sbatch}}
-while [ ! -f "$COURSE_DIR/slurm/job_env.sh" ] && [ "$COURSE_DIR" != / ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
-[ -f "$COURSE_DIR/slurm/job_env.sh" ] || { echo "error: no course folder (one holding slurm/job_env.sh) in COURSE_DIR" \
-    "or at or above $SLURM_SUBMIT_DIR: run sbatch from inside the course, or set COURSE_DIR=/path/to/it" >&2; exit 1; }
-source "$COURSE_DIR/slurm/job_env.sh"  # slurm/site.sh, the environment, MASTER_ADDR/PORT, OUTPUT_DIR; prints the header
+source "${SLURM_SUBMIT_DIR:?submit with sbatch from the course folder}/slurm/job_env.sh"  # shared set-up; sites: slurm/site.sh
 
 echo "== tasks ${SLURM_NTASKS:-?} (one per GPU) | GPUs per node ${SLURM_GPUS_ON_NODE:-0} | CPUs per task ${SLURM_CPUS_PER_TASK:-1} | rendezvous $MASTER_ADDR:$MASTER_PORT"
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Lesson 02 on Slurm: the baseline, one process on one GPU.
 #
-#   cd <the course folder>; mkdir -p logs        # once: Slurm does not create logs/
+#   cd <the course folder>                       # ALWAYS submit from here: the job finds the course by it
+#   mkdir -p logs                                # once: Slurm does not create logs/
 #   sbatch 02_singlegpu_training/slurm_submit_singlegpu.sh --epochs 3
 #   sbatch -A my_account -p my_partition 02_singlegpu_training/slurm_submit_singlegpu.sh
 #
@@ -19,13 +20,8 @@
 # No --signal/--requeue here: this lesson saves a checkpoint after every epoch but does not catch
 # Slurm's warning signals; stopping cleanly before the time limit and requeueing arrive with lesson 04.
 set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
-# Site settings (modules, Python environment, data, debugging) are in slurm/site.sh. sbatch runs a COPY of this
-# script from a spool folder, so the course is found from where you ran sbatch, upwards (or set COURSE_DIR).
-COURSE_DIR=${COURSE_DIR:-${SLURM_SUBMIT_DIR:?not inside a Slurm job: submit it with sbatch}}
-while [ ! -f "$COURSE_DIR/slurm/job_env.sh" ] && [ "$COURSE_DIR" != / ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
-[ -f "$COURSE_DIR/slurm/job_env.sh" ] || { echo "error: no course folder (one holding slurm/job_env.sh) in COURSE_DIR" \
-    "or at or above $SLURM_SUBMIT_DIR: run sbatch from inside the course, or set COURSE_DIR=/path/to/it" >&2; exit 1; }
-source "$COURSE_DIR/slurm/job_env.sh"  # slurm/site.sh, the environment, MASTER_ADDR/PORT, OUTPUT_DIR; prints the header
+source "${SLURM_SUBMIT_DIR:?submit with sbatch from the course folder}/slurm/job_env.sh"  # shared set-up; sites: slurm/site.sh
+stage_data  # STAGE_DATA=1 (slurm/site.sh): copy the data set to each node's local disk once, read it there
 
 echo "== 1 process | GPUs ${SLURM_GPUS_ON_NODE:-0} (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-none}) | CPUs ${SLURM_CPUS_PER_TASK:-1}"
 

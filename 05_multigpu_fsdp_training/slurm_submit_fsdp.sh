@@ -1,7 +1,8 @@
 #!/bin/bash
 # Lesson 05 on Slurm, one node: FSDP2 (fully_shard), torchrun starts one process per GPU.
 #
-#   cd <the course folder>; mkdir -p logs        # once: Slurm does not create logs/
+#   cd <the course folder>                       # ALWAYS submit from here: the job finds the course by it
+#   mkdir -p logs                                # once: Slurm does not create logs/
 #   sbatch 05_multigpu_fsdp_training/slurm_submit_fsdp.sh --epochs 3 --width 4
 #   sbatch -A my_account -p my_partition 05_multigpu_fsdp_training/slurm_submit_fsdp.sh
 #
@@ -25,13 +26,8 @@
 #SBATCH --requeue                  # the job may go back to the queue: on preemption, or by itself on SIGUSR1
 #SBATCH --open-mode=append         # a requeued run appends to the same log instead of overwriting it
 set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
-# Site settings (modules, Python environment, data, debugging) are in slurm/site.sh. sbatch runs a COPY of this
-# script from a spool folder, so the course is found from where you ran sbatch, upwards (or set COURSE_DIR).
-COURSE_DIR=${COURSE_DIR:-${SLURM_SUBMIT_DIR:?not inside a Slurm job: submit it with sbatch}}
-while [ ! -f "$COURSE_DIR/slurm/job_env.sh" ] && [ "$COURSE_DIR" != / ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
-[ -f "$COURSE_DIR/slurm/job_env.sh" ] || { echo "error: no course folder (one holding slurm/job_env.sh) in COURSE_DIR" \
-    "or at or above $SLURM_SUBMIT_DIR: run sbatch from inside the course, or set COURSE_DIR=/path/to/it" >&2; exit 1; }
-source "$COURSE_DIR/slurm/job_env.sh"  # slurm/site.sh, the environment, MASTER_ADDR/PORT, OUTPUT_DIR; prints the header
+source "${SLURM_SUBMIT_DIR:?submit with sbatch from the course folder}/slurm/job_env.sh"  # shared set-up; sites: slurm/site.sh
+stage_data  # STAGE_DATA=1 (slurm/site.sh): copy the data set to each node's local disk once, read it there
 
 split_cpus_for_torchrun  # NPROC_PER_NODE: one process per GPU (or yours); CPUS_PER_PROC, NUM_WORKERS: their share
 echo "== 1 task (torchrun) | GPUs ${SLURM_GPUS_ON_NODE:-0} | processes $NPROC_PER_NODE | CPUs ${SLURM_CPUS_PER_TASK:-1}, per process $CPUS_PER_PROC (DataLoader workers $NUM_WORKERS)"

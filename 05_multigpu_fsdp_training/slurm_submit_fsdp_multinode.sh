@@ -3,7 +3,8 @@
 # process per GPU of its node, the torchruns meet on the first node, and --hsdp builds the 2-D mesh
 # (nodes, GPUs per node): parameters sharded over the GPUs of a node, replicated across the nodes.
 #
-#   cd <the course folder>; mkdir -p logs        # once: Slurm does not create logs/
+#   cd <the course folder>                       # ALWAYS submit from here: the job finds the course by it
+#   mkdir -p logs                                # once: Slurm does not create logs/
 #   sbatch 05_multigpu_fsdp_training/slurm_submit_fsdp_multinode.sh --epochs 3
 #   sbatch --nodes=4 -A my_account -p my_partition 05_multigpu_fsdp_training/slurm_submit_fsdp_multinode.sh
 #
@@ -26,13 +27,8 @@
 #SBATCH --requeue                  # the job may go back to the queue: on preemption, or by itself on SIGUSR1
 #SBATCH --open-mode=append         # a requeued run appends to the same log instead of overwriting it
 set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
-# Site settings (modules, Python environment, data, debugging) are in slurm/site.sh. sbatch runs a COPY of this
-# script from a spool folder, so the course is found from where you ran sbatch, upwards (or set COURSE_DIR).
-COURSE_DIR=${COURSE_DIR:-${SLURM_SUBMIT_DIR:?not inside a Slurm job: submit it with sbatch}}
-while [ ! -f "$COURSE_DIR/slurm/job_env.sh" ] && [ "$COURSE_DIR" != / ]; do COURSE_DIR=$(dirname "$COURSE_DIR"); done
-[ -f "$COURSE_DIR/slurm/job_env.sh" ] || { echo "error: no course folder (one holding slurm/job_env.sh) in COURSE_DIR" \
-    "or at or above $SLURM_SUBMIT_DIR: run sbatch from inside the course, or set COURSE_DIR=/path/to/it" >&2; exit 1; }
-source "$COURSE_DIR/slurm/job_env.sh"  # slurm/site.sh, the environment, MASTER_ADDR/PORT, OUTPUT_DIR; prints the header
+source "${SLURM_SUBMIT_DIR:?submit with sbatch from the course folder}/slurm/job_env.sh"  # shared set-up; sites: slurm/site.sh
+stage_data  # STAGE_DATA=1 (slurm/site.sh): copy the data set to each node's local disk once, read it there
 
 split_cpus_for_torchrun  # NPROC_PER_NODE: one process per GPU (or yours); CPUS_PER_PROC, NUM_WORKERS: their share
 echo "== tasks ${SLURM_NTASKS:-?} (one torchrun per node) | GPUs per node ${SLURM_GPUS_ON_NODE:-0} | processes per node $NPROC_PER_NODE -> world size $((SLURM_NNODES * NPROC_PER_NODE)) | CPUs per process $CPUS_PER_PROC (DataLoader workers $NUM_WORKERS)"

@@ -19,13 +19,23 @@ VENV=${VENV:-}            # virtualenv folder to activate; empty: $COURSE_DIR/.v
 # ---- Data and results. ----
 WORKSHOP_DATA_DIR=${WORKSHOP_DATA_DIR:-}  # folder holding MNIST/raw; empty: $COURSE_DIR/data
 OUTPUT_ROOT=${OUTPUT_ROOT:-}              # runs go to $OUTPUT_ROOT/<job name>-<job id>/; empty: $COURSE_DIR/runs
+# Node-local staging (stage_data in slurm/job_env.sh): 1 = copy WORKSHOP_DATA_DIR's MNIST/ and synthetic/ once per
+# node to NODE_LOCAL_DIR and read them from there: many processes reading a shared file system slow it for everyone.
+STAGE_DATA=${STAGE_DATA:-0}               # 1: stage; 0 (default): every node reads WORKSHOP_DATA_DIR
+NODE_LOCAL_DIR=${NODE_LOCAL_DIR:-}        # a folder on each node's local disk; empty: $TMPDIR if set, else /tmp
+
+# ---- Containers (04_ddp_training/slurm_submit_ddp_apptainer.sh). ----
+APPTAINER_IMAGE=${APPTAINER_IMAGE:-}      # the image with torch, e.g. $HOME/pytorch.sif (apptainer pull ... docker://...)
+NCCL_PLUGIN_DIR=${NCCL_PLUGIN_DIR:-}      # host folder of the fabric's NCCL net plugin, bound into the container; empty: none
 
 # ---- Debugging and network settings, off by default; uncomment one when its situation arises. ----
 # export NCCL_DEBUG=INFO                 # NCCL error or hang at start: each rank prints the GPUs, network and transport NCCL chose
 # export NCCL_DEBUG_SUBSYS=INIT,NET      # with NCCL_DEBUG=INFO, when its output is too long: only the init and network lines
-# export NCCL_SOCKET_IFNAME=ib0          # multi-node hang at init: the interface the nodes reach each other on (`ip -br addr`)
+# export NCCL_SOCKET_IFNAME=ib0          # multi-node hang at init: the interface the nodes reach each other on (`ip -br addr`);
+#                                        # a prefix list (ib matches ib0, ib1), =ib0 exactly that one, ^docker excludes
 # export GLOO_SOCKET_IFNAME=ib0          # the same for gloo (CPU runs); never lo when there is more than one node
 # export NCCL_IB_DISABLE=1               # InfiniBand errors, or no working IB: use TCP sockets (slower; tells IB from the rest)
+# export NCCL_DEBUG_FILE=nccl.%h.%p.log  # NCCL_DEBUG output to one file per process (%h host, %p process id)
 # export TORCH_DISTRIBUTED_DEBUG=DETAIL  # ranks calling different collectives (hang, shape error): checks every call (slow)
 # export DIST_TIMEOUT_SECONDS=120        # this course's process-group timeout (default 600 s): fail sooner while debugging
 # Not needed: TORCH_NCCL_ASYNC_ERROR_HANDLING (NCCL only). torch already ends a process whose NCCL collective failed
@@ -33,3 +43,21 @@ OUTPUT_ROOT=${OUTPUT_ROOT:-}              # runs go to $OUTPUT_ROOT/<job name>-<
 # for its workers, 0 would leave the process hanging. No value makes the surviving ranks stop sooner: the watchdog acts
 # only on a collective that NCCL reports failed or that timed out, and a rank not in a collective notices nothing.
 # What stops them at once is srun --kill-on-bad-exit=1, in every script: when one task fails, srun ends the others.
+
+# ---- NCCL on real fabrics (GPU jobs; gloo ignores all of these). Your site's documentation wins: it knows its
+# fabric and its plugin. Sources: NCCL's "Environment Variables" and "Logging" pages (docs.nvidia.com/deeplearning/
+# nccl), NCCL's ext-net/README.md (plugins), aws-ofi-nccl's doc/efa-env-var.md, CSCS's Alps NCCL page (Slingshot).
+# InfiniBand / RoCE (NCCL's own IB transport, no plugin needed):
+# export NCCL_IB_HCA=mlx5_0:1,mlx5_1:1   # which RDMA adapters (:port) NCCL uses; a prefix (mlx5) takes all, ^ excludes
+# AWS EFA and HPE Slingshot: NCCL talks to them through libfabric (OFI), via the aws-ofi-nccl plugin that the site
+# installs (a module, or a folder such as /opt/amazon/ofi-nccl/lib). NCCL loads it from the library search path:
+# export LD_LIBRARY_PATH=/path/to/aws-ofi-nccl/lib:$LD_LIBRARY_PATH  # the folder holding libnccl-net-ofi.so
+# export NCCL_NET_PLUGIN=ofi             # load libnccl-net-ofi.so (NCCL loads libnccl-net-<value>.so; unset: libnccl-net.so)
+# export NCCL_NET="AWS Libfabric"        # use only this network (the plugin's name) and fail at start instead of falling
+#                                        # back to slow TCP sockets (CSCS sets this one, and not NCCL_NET_PLUGIN)
+# export FI_PROVIDER=efa                 # libfabric provider; aws-ofi-nccl <= 1.5.0 on EFA needed it, newer ones do not
+# export FI_EFA_USE_HUGE_PAGE=0          # EFA: os.fork() fails with "Cannot allocate memory" (DataLoader workers)
+# HPE Slingshot (libfabric's cxi provider), the values CSCS sets on Alps for NCCL with aws-ofi-nccl:
+# export FI_CXI_DISABLE_HOST_REGISTER=1 FI_MR_CACHE_MONITOR=userfaultfd FI_CXI_DEFAULT_CQ_SIZE=131072
+# Check what NCCL chose: with NCCL_DEBUG=INFO each process logs "Using network <name>" (AWS Libfabric, IB, ...).
+# In a container (slurm_submit_ddp_apptainer.sh) the image's NCCL needs the HOST's plugin: set NCCL_PLUGIN_DIR above.

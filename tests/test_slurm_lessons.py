@@ -3,7 +3,7 @@
 The test varies only what a learner varies without editing a script:
   sbatch options   --chdir=<tmp>: the job works there, so logs/%x-%j.out lands in a temporary
                    folder (with logs/ made first), not in the repository; the submit folder stays
-                   the course (or a lesson folder), which is how the scripts find the course.
+                   the course, which is how the scripts find it ($SLURM_SUBMIT_DIR, one line each).
                    --cpus-per-task=1 or 2: each test node has 2 CPUs; the scripts ask for GPU-node
                    sized counts (4-8), which the test cluster could never schedule.
   environment      NPROC_PER_NODE=2 for some torchrun jobs; the others derive 2 processes from the
@@ -12,53 +12,27 @@ The test varies only what a learner varies without editing a script:
                    the scripts' own --output-dir and wins; OUTPUT_ROOT also points that one to tmp).
   GPU binding      the srun-style DDP job gets --gpus-per-task=1, as many sites require: each task then sees
                    one GPU of its node (CUDA_VISIBLE_DEVICES), whatever its local rank.
+  container        the Apptainer variant runs with a stand-in `apptainer` first on PATH (tests/fakebin: it
+                   records its arguments and runs the command without a container), with STAGE_DATA=1: each
+                   node copies the data to its own node-local folder (cluster.node_local), and the results
+                   must equal those of the same run without staging or container (ddp_multinode).
 All jobs are submitted at once, then each test waits for its own; the cluster runs them as its
 2 nodes x (2 CPUs, 2 GPUs) allow. A failed job shows its log and the Slurm daemon logs.
 """
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = {  # name -> (script, launch style)
-    "setup": ("01_setup/slurm_submit_setup.sh", "srun"),
-    "single": ("02_singlegpu_training/slurm_submit_singlegpu.sh", "single"),
-    "dp": ("03_dp_training/slurm_submit_dp.sh", "single"),
-    "ddp": ("04_ddp_training/slurm_submit_ddp.sh", "torchrun"),
-    "ddp_multinode": ("04_ddp_training/slurm_submit_ddp_multinode.sh", "torchrun"),
-    "ddp_srun": ("04_ddp_training/slurm_submit_ddp_srun.sh", "srun"),
-    "fsdp": ("05_multigpu_fsdp_training/slurm_submit_fsdp.sh", "torchrun"),
-}
-DEADLINE_S = 300  # for all jobs together, from submission
-TEST_SAMPLES = {"single": 77, "dp": 77, "ddp": 77, "fsdp": 77, "ddp_multinode": 101, "ddp_srun": 101}
-# sbatch copies the submitting shell's environment into the job: the test's own shell must not
-# decide the outcome (site settings, or launcher variables left over from experiments).
-LEAKY = ("COURSE_DIR", "MODULES", "CONDA_ENV", "VENV", "WORKSHOP_DATA_DIR", "OUTPUT_ROOT", "NPROC_PER_NODE",
-         "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "FAIL_AT_STEP")
-TRAINING = ("single", "dp", "ddp", "ddp_multinode", "ddp_srun", "fsdp")  # they checkpoint and resume
-PREEMPTIBLE = ("ddp", "ddp_multinode", "ddp_srun", "fsdp")  # from lesson 04 on: they also stop and requeue
-RANK_LINE = re.compile(r"^\[rank (\d+)\] host (\S+) rank (\d+)/(\d+) local_rank (\d+) device (\S+) backend (\S+)$", re.M)
-
-
-def text(name):
-    return (ROOT / SCRIPTS[name][0]).read_text()
-
-
-def directives(script_text):
-    """The #SBATCH options sbatch reads: those above the first command, as {option: value}."""
-    found = {}
-    for line in script_text.splitlines()[1:]:
-        if line.strip() and not line.startswith("#"):
-            break
-        if m := re.match(r"#SBATCH\s+(--[\w-]+)(?:=(\S+))?", line):
-            found[m.group(1)] = m.group(2)
-    return found
+from slurm.jobs import (  # noqa: F401 (test_slurm_preemption.py and test_slurm_hsdp.py import them from here)
+    ROOT, SCRIPTS, SOURCE_LINE, FAKEBIN, DEADLINE_S, TEST_SAMPLES, LEAKY, TRAINING, PREEMPTIBLE,
+    RANK_LINE, text, directives, shared_part, fake_job_env, probe_job_env, Job, sbatch, log_path, wait, job_log,
+    before_exit_barrier_race, completed, check_metrics, rank_lines, task_lines)
 
 
 # ---- static checks: no cluster needed ----------------------------------------------------------
@@ -88,7 +62,6 @@ def test_script_is_valid_bash_with_consistent_directives(name):
     # The launch line of each style stays in the script; the set-up they share is in slurm/job_env.sh, and what
     # differs between clusters in slurm/site.sh: no SITE SECTION, no site variable in a script.
     assert {"srun": "srun --kill-on-bad-exit=1", "single": "    python ", "torchrun": "    torchrun "}[style] in body
-    assert 'source "$COURSE_DIR/slurm/job_env.sh"' in body
     assert "conda activate" not in body and "scontrol show hostnames" not in body, "belongs in slurm/job_env.sh"
     assert not re.search(r"SITE SECTION|^(MODULES|CONDA_ENV|VENV|WORKSHOP_DATA_DIR|OUTPUT_ROOT)=|export NCCL_", body, re.M)
     if style == "srun":  # one line per task with the GPUs it sees, before training
@@ -100,80 +73,81 @@ def test_script_is_valid_bash_with_consistent_directives(name):
         # Slurm signals the processes of job steps, not the batch shell: the training processes run under srun.
         assert re.search(r"^srun [^\n]*\\\n(    [^\n]*\\\n)*    (python|torchrun) ", body, re.M), body
     if style == "torchrun":  # torchrun would die of SIGUSR1: it starts with the signal ignored (its workers handle it)
-        assert re.search(r"""bash -c 'trap "" USR1; exec "\$@"' _ \\\n    torchrun """, body), body
+        assert re.search(r"""(bash|sh) -c 'trap "" USR1; exec "\$@"' _ \\\n    torchrun """, body), body
+    if name in TRAINING:  # the node-local data step (a no-op unless STAGE_DATA=1), before anything starts
+        assert f"{SOURCE_LINE}  # " in body and "\nstage_data  # STAGE_DATA=1" in body
 
 
-def shared_part(script_text):
-    """From `set -euo pipefail` (the first command) to the line that sources slurm/job_env.sh."""
-    start = script_text.index("set -euo pipefail")
-    end = script_text.index('source "$COURSE_DIR/slurm/job_env.sh"')
-    return script_text[start:script_text.index("\n", end)]
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_one_line_finds_the_course(name):
+    """`set -euo pipefail`, then ONE line: source slurm/job_env.sh of the folder sbatch ran in ($SLURM_SUBMIT_DIR)."""
+    part = shared_part(text(name)).splitlines()
+    assert len(part) == 2 and part[1].startswith(SOURCE_LINE + "  # "), part
+    assert "COURSE_DIR=" not in text(name) and "while " not in text(name)
 
 
 def test_the_scripts_share_one_set_up():
-    """Every script: #SBATCH lines, then the same few lines that find the course and source slurm/job_env.sh
-    (which reads slurm/site.sh), then its launch lines."""
-    parts = {name: shared_part(text(name)) for name in SCRIPTS}
-    assert all(p == parts["setup"] for p in parts.values()), [n for n, p in parts.items() if p != parts["setup"]]
-    assert len(parts["setup"].splitlines()) <= 8
+    """Every script: #SBATCH lines, then `set -euo pipefail` and the line that sources slurm/job_env.sh (which finds
+    the course from its own place and reads slurm/site.sh), then its launch lines."""
     for name in SCRIPTS:  # nothing but comments and #SBATCH lines above the shared part
         head = text(name)[:text(name).index("set -euo pipefail")].splitlines()[1:]
         assert all(l.startswith("#") for l in head), name
     for f in ("slurm/job_env.sh", "slurm/site.sh"):
         done = subprocess.run(["bash", "-n", str(ROOT / f)], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-    assert 'source "$COURSE_DIR/slurm/site.sh"' in (ROOT / "slurm/job_env.sh").read_text()
-
-
-def fake_job_env(tmp_path, **slurm):
-    """The environment of a batch job, without Slurm: SLURM_* variables and a stand-in scontrol."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "scontrol").write_text('#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && printf "n3\\nn4\\n"\n')
-    (bin_dir / "scontrol").chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in LEAKY}
-    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="12345", SLURM_JOB_NAME="ddp",
-               SLURM_JOB_NODELIST="n[3-4]", SLURM_NNODES="2", SLURM_SUBMIT_DIR=str(ROOT / "04_ddp_training"),
-               RANK="7", WORLD_SIZE="9")  # left over from a shell: the scripts unset them
-    env.update(slurm)
-    return env
+    job_env = (ROOT / "slurm/job_env.sh").read_text()
+    assert 'COURSE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)' in job_env
+    assert 'source "$COURSE_DIR/slurm/site.sh"' in job_env
 
 
 def test_job_env_sets_what_the_scripts_use(tmp_path):
-    """A script's own lines up to slurm/job_env.sh (found upwards from a lesson folder), with a stand-in scontrol."""
-    env = fake_job_env(tmp_path, SLURM_CPUS_PER_TASK="8", SLURM_GPUS_PER_NODE="a100:2", OUTPUT_ROOT=str(tmp_path / "o"))
-    script = text("ddp")
-    probe = script[:script.index("split_cpus_for_torchrun  #")] + (
-        "split_cpus_for_torchrun\n"
-        'echo "COURSE=$COURSE_DIR ADDR=$MASTER_ADDR PORT=$MASTER_PORT OUT=$OUTPUT_DIR NPROC=$NPROC_PER_NODE" \\\n'
-        '     "CPP=$CPUS_PER_PROC OMP=$OMP_NUM_THREADS NW=$NUM_WORKERS RANK=${RANK:-unset} PP=$PYTHONPATH"\n')
-    done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
+    env = fake_job_env(tmp_path, command=ROOT / SCRIPTS["ddp"][0], SLURM_CPUS_PER_TASK="8",
+                       SLURM_GPUS_PER_NODE="a100:2", OUTPUT_ROOT=str(tmp_path / "o"))
+    done = probe_job_env(tmp_path, env)
     assert done.returncode == 0, done.stderr
     assert "== job 12345 (ddp) on 2 node(s): n[3-4]\n" in done.stdout, done.stdout
     assert (f"COURSE={ROOT} ADDR=n3 PORT={20000 + 12345 % 20000} OUT={tmp_path}/o/ddp-12345 NPROC=2 CPP=4 OMP=4 NW=3 "
             f"RANK=unset PP={ROOT}") in done.stdout, done.stdout
-    again = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=tmp_path,
-                           env={**env, "SLURM_RESTART_COUNT": "2", "MASTER_PORT": "31000", "NPROC_PER_NODE": "3"})
+    again = probe_job_env(tmp_path, {**env, "SLURM_RESTART_COUNT": "2", "MASTER_PORT": "31000", "NPROC_PER_NODE": "3"})
     assert again.returncode == 0, again.stderr
     assert "n[3-4] | restart 2\n" in again.stdout and "PORT=31000 " in again.stdout, again.stdout
     assert "NPROC=3 CPP=2 OMP=2 NW=1 " in again.stdout, again.stdout
+    # an array task: the port from its own job id (not the array's: the same in every task), a folder of its own
+    task = probe_job_env(tmp_path, {**env, "SLURM_ARRAY_JOB_ID": "12340", "SLURM_ARRAY_TASK_ID": "3"})
+    assert task.returncode == 0, task.stderr
+    assert f"PORT={20000 + 12345 % 20000} OUT={tmp_path}/o/ddp-12340/task-3 " in task.stdout, task.stdout
 
 
 def test_scripts_say_where_the_course_is_missing(tmp_path):
-    env = fake_job_env(tmp_path, SLURM_SUBMIT_DIR=str(tmp_path))
+    """Submitted from a folder that is not the course: the source line names the missing file, and the job stops."""
+    env = fake_job_env(tmp_path, SLURM_SUBMIT_DIR=str(ROOT / "05_multigpu_fsdp_training"))
     done = subprocess.run(["bash", str(ROOT / SCRIPTS["fsdp"][0])], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 1, done.stderr
-    assert f"no course folder (one holding slurm/job_env.sh) in COURSE_DIR or at or above {tmp_path}:" in done.stderr
+    assert f"{ROOT}/05_multigpu_fsdp_training/slurm/job_env.sh: No such file or directory" in done.stderr, done.stderr
+    assert "== job" not in done.stdout
+
+
+def test_scripts_refuse_a_script_of_another_course_copy(tmp_path):
+    """sbatch /other/copy/04_ddp_training/x.sh from this course would run THIS copy's code: job_env.sh refuses it."""
+    other = tmp_path / "old-copy/04_ddp_training/slurm_submit_ddp.sh"
+    env = fake_job_env(tmp_path, command=other)
+    done = probe_job_env(tmp_path, env)
+    assert done.returncode == 1 and f"error: {other} is not in the course folder {ROOT} you submitted from:" \
+        in done.stderr, done.stderr
 
 
 def test_site_file_holds_the_site_settings():
     """slurm/site.sh: the variables a site sets (empty defaults, so a submit-time value wins), the debugging notes,
-    and where account and partition come from instead."""
+    the fabric (NCCL/libfabric) block, and where account and partition come from instead."""
     site = (ROOT / "slurm/site.sh").read_text()
-    for var in ("MODULES", "CONDA_ENV", "VENV", "WORKSHOP_DATA_DIR", "OUTPUT_ROOT"):
+    for var in ("MODULES", "CONDA_ENV", "VENV", "WORKSHOP_DATA_DIR", "OUTPUT_ROOT", "NODE_LOCAL_DIR", "APPTAINER_IMAGE",
+                "NCCL_PLUGIN_DIR"):
         assert re.search(rf"^{var}=\${{{var}:-}}", site, re.M), var
-    for var in ("NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE",
-                "TORCH_DISTRIBUTED_DEBUG=DETAIL", "DIST_TIMEOUT_SECONDS"):
+    assert re.search(r"^STAGE_DATA=\$\{STAGE_DATA:-0\}", site, re.M)
+    for var in ("NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+                "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_NET_PLUGIN=ofi", 'NCCL_NET="AWS Libfabric"', "FI_PROVIDER=efa",
+                "FI_EFA_USE_HUGE_PAGE=0", "FI_CXI_DISABLE_HOST_REGISTER=1", "TORCH_DISTRIBUTED_DEBUG=DETAIL",
+                "DIST_TIMEOUT_SECONDS"):
         assert f"# export {var}" in site, var
     assert "SBATCH_ACCOUNT" in site and "SBATCH_PARTITION" in site
     assert "default is 3 (SkipCleanUp" in site and "torchrun sets 1 (TearDown)" in site
@@ -193,47 +167,47 @@ def test_site_note_on_nccl_error_handling_matches_installed_torch():
 
 def test_scripts_refuse_to_run_outside_a_job(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in LEAKY}
-    for extra in ({}, {"COURSE_DIR": str(ROOT)}):  # the check comes first, and again in slurm/job_env.sh
-        done = subprocess.run(["bash", str(ROOT / SCRIPTS["ddp"][0])], capture_output=True, text=True,
-                              env={**env, **extra}, cwd=tmp_path)
-        assert done.returncode == 1 and "not inside a Slurm job: submit it with sbatch" in done.stderr, done.stderr
+    done = subprocess.run(["bash", str(ROOT / SCRIPTS["ddp"][0])], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 1 and "SLURM_SUBMIT_DIR: submit with sbatch from the course folder" in done.stderr, \
+        done.stderr
+    # SLURM_SUBMIT_DIR left in a shell from an earlier job: slurm/job_env.sh checks for a job too
+    done = subprocess.run(["bash", str(ROOT / SCRIPTS["ddp"][0])], capture_output=True, text=True,
+                          env={**env, "SLURM_SUBMIT_DIR": str(ROOT)}, cwd=tmp_path)
+    assert done.returncode == 1 and "error: not inside a Slurm job: submit it with sbatch" in done.stderr, done.stderr
 
 
 # ---- the real cluster ----------------------------------------------------------------------------
-@dataclass
-class Job:
-    name: str
-    id: int
-    workdir: Path  # --chdir: the job's logs/ is here
-    out_dir: Path  # --output-dir of the training script
-    deadline: float
-    state: str | None = field(default=None)
-
-
-def sbatch(cluster, script, args, cpus, env=None, submit_from=ROOT, workdir=None, opts=()):
-    """sbatch the script as a learner would (cwd = submit folder); only the options named in the docstring."""
-    full_env = {k: v for k, v in cluster.env.items() if k not in LEAKY}
-    full_env.update(env or {})
-    cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--cpus-per-task={cpus}", *opts, str(ROOT / script),
-           *map(str, args)]
-    done = subprocess.run(cmd, env=full_env, cwd=submit_from, capture_output=True, text=True)
-    assert done.returncode == 0, f"{' '.join(cmd)}: {done.stderr}"
-    return int(done.stdout.strip().split(";")[0])
-
-
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, synthetic_dir, tmp_path_factory):
-    """Submit every script at once (plus one without a logs/ folder); yield {name: Job}."""
+    """Submit every script at once (after one without a logs/ folder and one from a lesson folder); yield {name: Job}."""
+    container = tmp_path_factory.mktemp("container")  # the stand-in's call log, an "image", a "plugin" folder
+    (container / "pytorch.sif").write_bytes(b"not an image: tests/fakebin/apptainer only checks that it exists")
+    (container / "nccl-plugin").mkdir()
+    apptainer_env = {  # fakebin first on PATH; the run stages its data on each node's own folder
+        "PATH": f"{FAKEBIN}:{slurm_cluster.env['PATH']}", "FAKE_APPTAINER_LOG": str(container / "calls.log"),
+        "APPTAINER_IMAGE": str(container / "pytorch.sif"), "NCCL_PLUGIN_DIR": str(container / "nccl-plugin"),
+        "NPROC_PER_NODE": "2", "STAGE_DATA": "1", "NODE_LOCAL_DIR": str(slurm_cluster.node_local / "lessons"),
+        "WORKSHOP_DATA_DIR": synthetic_dir}
     plan = {  # name -> (cpus per task, environment, submit folder, other sbatch options)
         "setup": (1, {}, ROOT, ()),
-        "single": (1, {}, ROOT / "02_singlegpu_training", ()),  # from a lesson folder: the course is found upwards
+        "single": (1, {}, ROOT, ()),
         "dp": (2, {}, ROOT, ()),
         "ddp": (2, {}, ROOT, ()),  # 2 processes from the 2 GPUs of the GRES, no NPROC_PER_NODE
         "fsdp": (2, {"NPROC_PER_NODE": "2"}, ROOT, ()),
         "ddp_multinode": (2, {"NPROC_PER_NODE": "2"}, ROOT, ()),
         "ddp_srun": (1, {"VENV": str(ROOT / ".venv")}, ROOT, ("--gpus-per-task=1",)),  # one GPU bound to each task
+        "apptainer": (2, apptainer_env, ROOT, ()),  # = ddp_multinode, in a "container", with staged data
     }
     submitted, deadline = {}, time.monotonic() + DEADLINE_S
+    # first the two jobs that fail at once (they need a CPU only for a moment), then the lessons
+    no_logs = tmp_path_factory.mktemp("job-no-logs")  # no logs/ folder in it
+    submitted["no_logs"] = Job("no_logs", sbatch(slurm_cluster, SCRIPTS["setup"][0], [], 1, workdir=no_logs),
+                               no_logs, no_logs / "out", deadline)
+    lesson_folder = tmp_path_factory.mktemp("job-lesson-folder")  # submitted from a lesson folder, not the course
+    (lesson_folder / "logs").mkdir()
+    submitted["lesson_folder"] = Job("lesson_folder", sbatch(slurm_cluster, SCRIPTS["single"][0], [], 1,
+                                     submit_from=ROOT / "02_singlegpu_training", workdir=lesson_folder),
+                                     lesson_folder, lesson_folder / "out", deadline)
     for name, (cpus, env, submit_from, opts) in plan.items():
         workdir = tmp_path_factory.mktemp(f"job-{name}")
         (workdir / "logs").mkdir()
@@ -243,89 +217,17 @@ def jobs(slurm_cluster, synthetic_dir, tmp_path_factory):
             "--data", "synthetic", "--data-dir", synthetic_dir, "--train-samples", 512,
             "--test-samples", TEST_SAMPLES[name], "--epochs", 1, "--max-steps", 3, "--device", "cpu",
             "--num-workers", 0, "--output-dir", out_dir]
+        if name == "apptainer":  # data from WORKSHOP_DATA_DIR (staged), results in OUTPUT_DIR (bound)
+            args = [a for a in args if a not in ("--data-dir", synthetic_dir, "--output-dir", out_dir)]
         job_id = sbatch(slurm_cluster, SCRIPTS[name][0], args, cpus, env, submit_from, workdir, opts)
+        if name == "apptainer":
+            out_dir = workdir / "runs" / f"ddp-apptainer-{job_id}"
         submitted[name] = Job(name, job_id, workdir, out_dir, deadline)
-    no_logs = tmp_path_factory.mktemp("job-no-logs")  # no logs/ folder in it
-    submitted["no_logs"] = Job("no_logs", sbatch(slurm_cluster, SCRIPTS["setup"][0], [], 1, workdir=no_logs),
-                               no_logs, no_logs / "out", deadline)
+    submitted["apptainer"].calls = container / "calls.log"
     yield submitted
     for job in submitted.values():  # nothing of ours left running for the next module
         if job.state is None:
             subprocess.run(["scancel", str(job.id)], env=slurm_cluster.env, capture_output=True)
-
-
-def log_path(cluster, job):
-    return Path(cluster.job_info(job.id)["StdOut"])
-
-
-def wait(cluster, job):
-    """Final state of the job (COMPLETED, FAILED, ...); its log and the daemon logs if it hangs."""
-    try:
-        job.state = cluster.wait(job.id, timeout=max(5.0, job.deadline - time.monotonic()))
-    except TimeoutError as exc:
-        job.state = "TIMEOUT(test)"
-        pytest.fail(f"{job.name} job {job.id} did not finish in {DEADLINE_S} s\n{job_log(cluster, job)}\n{exc}")
-    return job.state
-
-
-def job_log(cluster, job):
-    path = log_path(cluster, job)
-    body = path.read_text(errors="replace") if path.exists() else "(no log file)"
-    return f"----- {path} -----\n{body}"
-
-
-def before_exit_barrier_race(log):
-    """The log up to the last epoch line when torchrun's exit-barrier race follows it, else all of it.
-
-    Two-node torchrun: the first node's torchrun hosts the rendezvous store. When it exits a moment
-    before the other torchrun has read the final barrier, that one logs "Error waiting on exit barrier"
-    and C++ frames, after the training has ended and with the job COMPLETED (pytorch/pytorch#69520)."""
-    if "Error waiting on exit barrier" not in log:
-        return log
-    return log[:log.index("\n", log.rindex("\nepoch ") + 1) + 1]
-
-
-def completed(cluster, job):
-    """Wait for the job, assert it COMPLETED and wrote its log where its #SBATCH --output says; return the log."""
-    state = wait(cluster, job)
-    info = cluster.job_info(job.id)
-    assert state == "COMPLETED", (f"{job.name} job {job.id} ended {state}, exit {info.get('ExitCode')}\n"
-                                  f"{job_log(cluster, job)}\n{cluster.daemon_logs()}")
-    path = log_path(cluster, job)
-    assert path == job.workdir / "logs" / f"{info['JobName']}-{job.id}.out"
-    log = path.read_text()
-    assert f"== job {job.id} ({info['JobName']})" in log and "Traceback" not in before_exit_barrier_race(log), log
-    assert f"course {ROOT} |" in log, log
-    if job.name in TRAINING:  # --resume auto looked in the last --output-dir: the test's
-        assert f"resume: starting fresh (no checkpoint in {job.out_dir}" in log, log
-        assert not (job.workdir / "runs").exists(), log
-    return log
-
-
-def check_metrics(job, world_size, test_samples, backend="gloo"):
-    m = json.loads((job.out_dir / "metrics.json").read_text())
-    assert m["world_size"] == world_size and m["backend"] == backend and m["device"] == "cpu"
-    assert [r["test_samples"] for r in m["epochs"]] == [test_samples]  # every test image counted once
-    assert m["args"]["max_steps"] == 3 and m["args"]["num_workers"] == 0  # trailing args reached Python, last wins
-    return m
-
-
-def rank_lines(log):
-    """[(rank, host, world, local_rank)] from lesson 04/05's per-rank lines."""
-    rows = [(int(r), host, int(w), int(lr)) for r, host, r2, w, lr, dev, be in RANK_LINE.findall(log)]
-    assert rows and all(dev == "cpu" and be == "gloo" for *_, dev, be in RANK_LINE.findall(log)), log
-    return sorted(rows)
-
-
-TASK_LINE = re.compile(r"^== task (\d+) on (\S+): local rank (\d+), CUDA_VISIBLE_DEVICES=(\S+)$", re.M)
-
-
-def task_lines(log):
-    """{node: [(rank, local rank, CUDA_VISIBLE_DEVICES)]} from the srun-style scripts' show_tasks lines."""
-    by_node = {}
-    for rank, node, local_rank, cvd in TASK_LINE.findall(log):
-        by_node.setdefault(node, []).append((int(rank), int(local_rank), cvd))
-    return {node: sorted(rows) for node, rows in by_node.items()}
 
 
 def test_01_setup_checks_env_then_collectives(slurm_cluster, jobs):
@@ -338,7 +240,7 @@ def test_01_setup_checks_env_then_collectives(slurm_cluster, jobs):
     assert task_lines(log) == {node: [(0, 0, "0,1"), (1, 1, "0,1")]}, log
 
 
-def test_02_single_process_from_the_lesson_folder(slurm_cluster, jobs):
+def test_02_single_process(slurm_cluster, jobs):
     log = completed(slurm_cluster, jobs["single"])
     assert "lesson 02: 1 process on cpu" in log and "epoch 1 |" in log, log
     check_metrics(jobs["single"], 1, TEST_SAMPLES["single"], backend=None)
@@ -399,3 +301,51 @@ def test_missing_logs_folder_fails_the_job_without_a_log(slurm_cluster, jobs):
     job = jobs["no_logs"]
     assert wait(slurm_cluster, job) == "FAILED"
     assert not (job.workdir / "logs").exists() and not log_path(slurm_cluster, job).exists()
+
+
+def test_submitted_from_a_lesson_folder_fails_naming_the_missing_file(slurm_cluster, jobs):
+    """The scripts find the course by $SLURM_SUBMIT_DIR: from a lesson folder the job fails at its first line."""
+    job = jobs["lesson_folder"]
+    assert wait(slurm_cluster, job) == "FAILED" and slurm_cluster.job_info(job.id)["ExitCode"] == "1:0"
+    log = log_path(slurm_cluster, job).read_text()
+    assert f"{ROOT}/02_singlegpu_training/slurm/job_env.sh: No such file or directory" in log, log
+    assert "== job" not in log, log
+
+
+def test_04_apptainer_variant_with_staged_data(slurm_cluster, jobs, synthetic_dir):
+    """The Apptainer script with the stand-in: one `apptainer exec --nv` per node, with the binds; data staged once
+    per node on node-local disk and read from there; results equal to ddp_multinode's (no container, no staging)."""
+    job = jobs["apptainer"]
+    log = completed(slurm_cluster, job)
+    rows = rank_lines(log)
+    assert [r for r, *_ in rows] == [0, 1, 2, 3] and {host for _, host, _, _ in rows} == {"n1", "n2"}, log
+    m = check_metrics(job, 4, TEST_SAMPLES["apptainer"])
+    # staging: each node has its own complete copy, made once (one "copied" line in its log), and the run read it
+    staged = Path(re.search(r"^== data: staged on each node's local disk, (\S+) \(from ", log, re.M)[1])
+    assert staged.parent == slurm_cluster.node_local / "lessons" and m["args"]["data_dir"] == str(staged), log
+    assert not any(slurm_cluster.node_local.iterdir()), "the test's own namespace must not see the nodes' copies"
+    original = Path(synthetic_dir)
+    files = sorted(p.relative_to(original) for p in original.rglob("*") if p.is_file())
+    assert files, synthetic_dir
+    for node in ("n1", "n2"):
+        copy = slurm_cluster.local_disk(node) / "lessons" / staged.name
+        assert sorted(p.relative_to(copy) for p in copy.rglob("*") if p.is_file()) == files, node
+        assert all((copy / f).read_bytes() == (original / f).read_bytes() for f in files), node
+        events = (copy.parent / f"{staged.name}.log").read_text().splitlines()
+        assert [e.split()[1:] for e in events] == [[node, "job", str(job.id), "copied"]], events
+    # the container: one call per node, with --nv, the image, the binds, and torchrun inside
+    calls = [shlex.split(line) for line in job.calls.read_text().splitlines()]
+    assert sorted(c[0] for c in calls) == ["n1", "n2"], calls
+    plugin = job.calls.parent / "nccl-plugin"
+    for host, *argv in calls:
+        image = argv.index(str(job.calls.parent / "pytorch.sif"))
+        options = argv[1:image]
+        binds = [options[i + 1] for i, o in enumerate(options) if o == "--bind"]
+        assert argv[0] == "exec" and "--nv" in options, argv
+        assert binds == [str(ROOT), str(staged), str(job.out_dir), f"{plugin}:{plugin}:ro"], binds
+        assert argv[image + 1:image + 6] == ["sh", "-c", 'trap "" USR1; exec "$@"', "_", "torchrun"], argv
+    # the same numbers as the same run without container and staging
+    wait(slurm_cluster, jobs["ddp_multinode"])
+    plain = json.loads((jobs["ddp_multinode"].out_dir / "metrics.json").read_text())
+    keys = ("epoch", "train_loss", "test_loss", "test_accuracy", "test_samples")
+    assert [{k: e[k] for k in keys} for e in m["epochs"]] == [{k: e[k] for k in keys} for e in plain["epochs"]]

@@ -1,7 +1,8 @@
 """Preemption and requeue on the real two-node test cluster (issue 5), with the lesson 04 scripts UNCHANGED.
 
-A job trains 3 epochs; a moment after the log shows epoch 1 the test sends what Slurm sends before
-a time limit, `scancel --signal=USR1 <job>`. Every rank must stop at the same step, rank 0 saves a
+A job trains 3 epochs. At step 5 of epoch 1, rank 0 reports it in the log and waits (the test's fault
+injection, PYTHONPATH=tests/inject FAIL_AT_STEP=0:5:WAIT); on that line the test sends what Slurm sends
+before a time limit, `scancel --signal=USR1 <job>`: no guessed sleep decides where the signal lands. Every rank must stop at the same step, rank 0 saves a
 checkpoint and runs `scontrol requeue`; Slurm restarts the job (same id, so the same output folder
 runs/<job name>-<id>), which resumes with `--resume auto` and completes. metrics.json must list
 epochs 1, 2, 3 exactly once, and the appended log must tell the story in order.
@@ -11,7 +12,7 @@ minutes (the lifetime of its launch credentials) before it may start again. The 
 start time to now with `scontrol update`; everything else is what happens on a real cluster.
 
 Also: a rank that fails makes the whole srun-style job fail long before the process-group timeout
-(no hang), and the log names the rank (FAIL_AT_STEP=RANK:STEP, the course's fault injection); and a
+(no hang), and the log names the rank (FAIL_AT_STEP=RANK:STEP, tests/inject/sitecustomize.py); and a
 job you cancel stays cancelled.
 
 Under load every phase takes longer, so no test waits a fixed time for Slurm: each polls for the state
@@ -28,9 +29,10 @@ import pytest
 from test_slurm_lessons import LEAKY, ROOT, SCRIPTS
 
 EPOCHS = 3
-TRAIN_SAMPLES = 4000  # one epoch ~2-5 s on the 2-core test machine: time to signal it mid-epoch
+TRAIN_SAMPLES = 4000
 TEST_SAMPLES = 200
-SIGNAL_AFTER_EPOCH_1_S = 1.0  # into epoch 2, so the run stops and resumes mid-epoch
+INJECT = {"PYTHONPATH": str(ROOT / "tests" / "inject")}  # loads tests/inject/sitecustomize.py in every process
+WAIT_AT = {**INJECT, "FAIL_AT_STEP": "0:5:WAIT"}  # rank 0 says where it is, then waits for the signal
 SHAPES = {  # name -> (cpus per task, environment, signal): the test nodes have 2 CPUs each
     "ddp": (2, {"NPROC_PER_NODE": "2"}, "USR1"),  # one node, srun + torchrun --standalone
     "ddp_multinode": (2, {"NPROC_PER_NODE": "2"}, "USR1"),  # two nodes, srun + torchrun (c10d), world size 4
@@ -91,11 +93,11 @@ def test_signal_checkpoints_requeues_and_resumes(slurm_cluster, synthetic_dir, t
     cpus, env, sig = SHAPES[name]
     (tmp_path / "logs").mkdir()
     t0 = time.monotonic()
-    job_id = submit(slurm_cluster, name, tmp_path, cpus, env, [
+    job_id = submit(slurm_cluster, name, tmp_path, cpus, {**env, **WAIT_AT}, [
         "--device", "cpu", "--data", "synthetic", "--data-dir", synthetic_dir, "--epochs", EPOCHS,
         "--train-samples", TRAIN_SAMPLES, "--test-samples", TEST_SAMPLES, "--num-workers", 0])
-    wait_for(slurm_cluster, job_id, lambda: "epoch 1 |" in read_log(slurm_cluster, job_id), "epoch 1")
-    time.sleep(SIGNAL_AFTER_EPOCH_1_S)
+    waiting = "inject: rank 0 waits at epoch 1 step 5"
+    wait_for(slurm_cluster, job_id, lambda: waiting in read_log(slurm_cluster, job_id), "rank 0 at step 5")
     t_signal = time.monotonic()
     assert slurm_cluster.job_info(job_id)["JobState"] == "RUNNING", report(slurm_cluster, job_id, "not running")
     slurm_cluster.run("scancel", f"--signal={sig}", str(job_id))  # to the processes of the job's steps
@@ -109,15 +111,18 @@ def test_signal_checkpoints_requeues_and_resumes(slurm_cluster, synthetic_dir, t
     # The appended log, in order: fresh start, epoch 1, the stop, the restarted job's header, the resume.
     job_name = info["JobName"]
     out_dir = tmp_path / "runs" / f"{job_name}-{job_id}"
-    story = [f"== job {job_id} ({job_name})", f"resume: starting fresh (no checkpoint in {out_dir}", "epoch 1 |",
-             "preempted:", f"== job {job_id} ({job_name}) on", "| restart 1", f"resume: from {out_dir}/checkpoints/ckpt-e"]
+    story = [f"== job {job_id} ({job_name})", f"resume: starting fresh (no checkpoint in {out_dir}", waiting,
+             f"stopped by SIG{sig} at epoch 1 step 10, checkpoint saved: requeued Slurm job {job_id}",
+             f"== job {job_id} ({job_name}) on", "| restart 1",
+             f"resume: from {out_dir}/checkpoints/ckpt-e0000-s0000010", "continuing at epoch 1 step 10", "epoch 1 |"]
     at = 0
     for piece in story:
         found = log.find(piece, at)
         assert found >= 0, report(slurm_cluster, job_id, f"log: {piece!r} missing after position {at}")
         at = found + len(piece)
-    preempted = re.findall(r"^preempted:.*$", log, re.M)
-    assert len(preempted) == 1 and sig in preempted[0], report(slurm_cluster, job_id, f"one preempted: line, {sig}")
+    preempted = re.findall(r"^stopped by.*$", log, re.M)
+    assert len(preempted) == 1 and sig in preempted[0], report(slurm_cluster, job_id, f"one stopped by line, {sig}")
+    assert log.count(waiting) == 1, report(slurm_cluster, job_id, "the injection fired once (not after the requeue)")
     assert log.count("resume: from") == 1, report(slurm_cluster, job_id, "resumed more than once")
     assert re.findall(r"^epoch (\d+) \|", log, re.M) == ["1", "2", "3"], report(slurm_cluster, job_id, "epochs")
 
@@ -140,7 +145,7 @@ def test_a_failing_rank_fails_the_srun_job_quickly(slurm_cluster, synthetic_dir,
     deadline of run_to_the_end (PHASE_TIMEOUT_S) is far below it."""
     (tmp_path / "logs").mkdir()
     t0 = time.monotonic()
-    job_id = submit(slurm_cluster, "ddp_srun", tmp_path, 1, {"FAIL_AT_STEP": "1:3", "DIST_TIMEOUT_SECONDS": "600"}, [
+    job_id = submit(slurm_cluster, "ddp_srun", tmp_path, 1, {**INJECT, "FAIL_AT_STEP": "1:3", "DIST_TIMEOUT_SECONDS": "600"}, [
         "--device", "cpu", "--data", "synthetic", "--data-dir", synthetic_dir, "--epochs", 1,
         "--train-samples", 4096, "--test-samples", TEST_SAMPLES, "--num-workers", 0])
     info, _ = run_to_the_end(slurm_cluster, job_id)

@@ -27,7 +27,7 @@ if _SPEC and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
 
     _rank, _step, _action = (_SPEC.split(":") + [""])[:3]
     _original = common.position.Position.remaining
-    _fired = False
+    _fired, _first_epoch = False, None
 
     def _wait_for_a_signal(epoch: int, step: int) -> None:
         arrived = []
@@ -55,9 +55,10 @@ if _SPEC and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
             os.kill(os.getpid(), getattr(signal, "SIG" + _action))
 
     def _remaining(self, loader, args):
-        global _fired
+        global _fired, _first_epoch
+        _first_epoch = _first_epoch or self.epoch  # a resumed job's first epoch may start past STEP: then never
         for batch in _original(self, loader, args):
-            if not _fired and get_rank() == int(_rank) and self.step == int(_step):
+            if not _fired and self.epoch == _first_epoch and get_rank() == int(_rank) and self.step == int(_step):
                 _fired = True
                 _fire(self)
             yield batch

@@ -1,8 +1,9 @@
 """A real two-node Slurm cluster on this one machine, for tests. Needs root and Debian.
 
 munged and slurmctld run in the root network namespace; each node's slurmd runs in its own
-network + UTS namespace (own address and hostname, same filesystem), so batch scripts see the
-repository and the venv at the same paths. Usage:
+network + UTS + mount namespace (own address and hostname, same filesystem), so batch scripts see the
+repository and the venv at the same paths; only `node_local` differs: each node has its own folder
+there, a stand-in for node-local disk. Usage:
 
     with SlurmCluster() as cluster:
         job = cluster.submit("#!/bin/bash\nsrun hostname\n", sbatch_opts=["--nodes=2"])
@@ -92,7 +93,8 @@ class SlurmCluster:
 
     def _start(self):
         self.dir.chmod(0o755)  # munged refuses a socket folder that others cannot reach
-        for sub in ("munge", "state", "log", "run", "jobs", "dev", *(f"spool/{n}" for n in self.nodes)):
+        for sub in ("munge", "state", "log", "run", "jobs", "dev", "local", *(f"spool/{n}" for n in self.nodes),
+                    *(f"nodes/{n}/local" for n in self.nodes)):
             (self.dir / sub).mkdir(parents=True, mode=0o755)
         key = self.dir / "munge/munge.key"
         key.write_bytes(os.urandom(1024))
@@ -106,8 +108,9 @@ class SlurmCluster:
                                f"--seed-file={m}/munged.seed"])
         conf = str(self.dir / "slurm.conf")
         self._spawn("slurmctld", netns.uts_argv(CONTROLLER, ["/usr/sbin/slurmctld", "-f", conf]))
-        for node in self.nodes:
-            self._spawn(f"slurmd-{node}", self.net.spawn_argv(node, ["/usr/sbin/slurmd", "-N", node, "-f", conf]))
+        for node in self.nodes:  # each node sees its own folder at node_local: a node-local disk
+            self._spawn(f"slurmd-{node}", self.net.spawn_argv(node, ["/usr/sbin/slurmd", "-N", node, "-f", conf],
+                                                              (self.local_disk(node), self.node_local)))
         self._wait_for(self._nodes_idle, f"nodes {', '.join(self.nodes)} to be idle")
 
     def close(self):
@@ -176,6 +179,16 @@ class SlurmCluster:
         return out.returncode == 0 and all(states.get(n) == "idle" for n in self.nodes)
 
     # ---- public API ---------------------------------------------------------------------------
+    @property
+    def node_local(self):
+        """A folder that every node sees at this same path, each its own (like a node-local /tmp); in the
+        test's own namespace it stays empty: read a node's content with local_disk(node)."""
+        return self.dir / "local"
+
+    def local_disk(self, node):
+        """Where the test sees what node `node` wrote into node_local."""
+        return self.dir / "nodes" / node / "local"
+
     @property
     def env(self):
         """os.environ plus SLURM_CONF, with this Python's bin folder (the venv) first on PATH."""

@@ -58,14 +58,20 @@ class Network:
         text = HOSTS.read_text()
         HOSTS.write_text(text + ("\n" if text and not text.endswith("\n") else "") + "".join(lines))
 
-    def spawn_argv(self, node, argv):
+    def spawn_argv(self, node, argv, local_disk=None):
         """argv that runs `argv` inside the node's network namespace, in a new UTS namespace
-        named after the node (`ip netns exec` would remount /sys, which breaks slurmd)."""
-        return ["nsenter", f"--net={netns_path(node)}", *uts_argv(node, argv)]
+        named after the node (`ip netns exec` would remount /sys, which breaks slurmd).
+        local_disk=(folder, path): also a private mount namespace in which `folder` is bind-mounted
+        on `path`, so that every node sees its own disk at the same path, like a node-local /tmp."""
+        return ["nsenter", f"--net={netns_path(node)}", *uts_argv(node, argv, local_disk)]
 
 
-def uts_argv(hostname, argv):
-    return ["unshare", "--uts", "sh", "-c", f'hostname {hostname} && exec "$@"', "sh", *argv]
+def uts_argv(hostname, argv, local_disk=None):
+    if local_disk is None:
+        return ["unshare", "--uts", "sh", "-c", f'hostname {hostname} && exec "$@"', "sh", *argv]
+    # --mount: a private copy of the mount table (propagation private), so the bind stays in this namespace
+    return ["unshare", "--uts", "--mount", "sh", "-c", f'hostname {hostname} && mount --bind "$1" "$2" && shift 2 '
+            '&& exec "$@"', "sh", *map(str, local_disk), *argv]
 
 
 def our_netns_inodes():
