@@ -22,7 +22,7 @@ from common.checkpoints import CheckpointDir
 from common.cli import base_parser, parse, save_config
 from common.data import load_mnist
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
-from common.errors import CourseError, run
+from common.errors import run
 from common.files import atomic_save, replace_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options

@@ -135,7 +135,10 @@ def write_report(out: Path, rows: list[dict]) -> None:
              f"Written by `make bench` (`benchmarks/bench.py`) from {len(rows)} runs; each row is one run of a lesson "
              "script, read from its `metrics.json`. GPUs = processes (one GPU each), except lesson 03: one process "
              "driving the GPUs. Times are training seconds: every script warms up (cuDNN autotune, allocator, NCCL) "
-             "before its clock starts, and reports that warm-up separately.", "",
+             "before its clock starts, and reports that warm-up separately. Each section names its machine and "
+             "commit. Measured elsewhere: lesson 05's model that DDP cannot fit and FSDP2 can, with its tools "
+             "([`fsdp_gpu.md`](fsdp_gpu.md), `benchmarks/fsdp_gpu.py`), and the time-to-99% recipe over seeds 1-5 on "
+             "1, 2 and 4 GPUs with the step profiles ([`recipe.md`](recipe.md), `benchmarks/recipe.py`).", "",
              "## Targets: 99% within 2.0 s of training on 1 GPU, 1.0 s on 2", "",
              f"Lesson 04, data on the GPUs, recipe `{tables.recipe_flags(rows)}`, seeds "
              f"{', '.join(map(str, TARGET_SEEDS))}. Time to {TARGET_ACCURACY:.0%} = the training seconds of the epochs up "

@@ -25,12 +25,16 @@ def log0(*args, **kwargs) -> None:
         print(*args, flush=True, **kwargs)
 
 
+def write_line(line: str) -> None:
+    """One line in ONE write. print() writes the text and the newline separately, and the lines of ranks
+    sharing a terminal or log file would interleave: "[rank 1] pid 17465[rank 0] pid 17464"."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def log_all(*args) -> None:
     """print() on every rank, prefixed with the rank, for the few lines each rank must say."""
-    # One write of the whole line: print() writes the text and the newline separately, and
-    # lines of several ranks sharing one log file would interleave between the two.
-    sys.stdout.write(" ".join([f"[rank {get_rank()}]", *map(str, args)]) + "\n")
-    sys.stdout.flush()
+    write_line(" ".join([f"[rank {get_rank()}]", *map(str, args)]))
 
 
 def _periodic(iterable: Iterable, desc: str, total: int, every_s: float = 30.0):

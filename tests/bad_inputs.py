@@ -44,14 +44,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = {
-    "02": ROOT / "02_singlegpu_training" / "mnist_singlegpu.py",
-    "03": ROOT / "03_dp_training" / "mnist_dpmodel.py",
-    "04": ROOT / "04_ddp_training" / "mnist_ddpmodel.py",
-    "05": ROOT / "05_multigpu_fsdp_training" / "mnist_fsdpmodel.py",
-    "download": ROOT / "01_setup" / "download_mnist.py",
-}
+from lessons import ROOT, SCRIPTS as LESSON_SCRIPTS
+
+SCRIPTS = {**{k: v for k, v in LESSON_SCRIPTS.items() if k != "01"}, "download": ROOT / "01_setup" / "download_mnist.py"}
 LESSONS = ("02", "03", "04", "05")
 MODES = ("python", "torchrun")
 

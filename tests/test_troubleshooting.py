@@ -372,4 +372,4 @@ def test_ranks_never_share_an_output_line(tmp_path):
     # The other multi-rank scripts print the same way: through say(), never print().
     for script in ("stuck_rank.py", "uneven_inputs.py", "unused_parameters.py", "diverged_replicas.py", "rendezvous.py"):
         code = (LAB / script).read_text()
-        assert "def say(" in code and not re.search(r"^\s*print\(", code, re.M), script
+        assert "import write_line as say" in code and not re.search(r"^\s*print\(", code, re.M), script

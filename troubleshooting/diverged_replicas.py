@@ -14,19 +14,13 @@ parameters, reduced with MAX and MIN over the ranks; equal replicas give MAX == 
 import argparse
 import datetime
 import gc
-import sys
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-
-def say(line: str) -> None:
-    """Print one line in ONE write. print() writes the text and the newline separately, and the ranks
-    share the terminal (or log file): their lines would interleave, "[rank 1] pid 17465[rank 0] pid 17464"."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+from common.log import write_line as say  # one write per line: ranks' lines never interleave
 
 
 def checksum(model: nn.Module) -> float:

@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import datetime
 import gc
-import sys
 
 import torch
 import torch.distributed as dist
@@ -22,12 +21,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
-
-def say(line: str) -> None:
-    """Print one line in ONE write. print() writes the text and the newline separately, and the ranks
-    share the terminal (or log file): their lines would interleave, "[rank 1] pid 17465[rank 0] pid 17464"."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+from common.log import write_line as say  # one write per line: ranks' lines never interleave
 
 
 def main() -> None:

@@ -14,19 +14,12 @@ import argparse
 import datetime
 import gc
 import time
-import sys
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-
-def say(line: str) -> None:
-    """Print one line in ONE write. print() writes the text and the newline separately, and the ranks
-    share the terminal (or log file): their lines would interleave, "[rank 1] pid 17465[rank 0] pid 17464"."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 class Net(nn.Module):
@@ -39,6 +32,8 @@ class Net(nn.Module):
 
     def forward(self, x):
         return self.head(self.body(x))  # self.unused is never called
+
+from common.log import write_line as say  # one write per line: ranks' lines never interleave
 
 
 def main() -> None:
