@@ -1,4 +1,4 @@
-"""MNIST for every lesson: find or fetch the raw files once, then load them with torchvision.
+"""MNIST for every lesson: find or fetch the raw files once (torchvision downloads), then read them as tensors.
 
 `--data mnist` (default) uses the real data set under DATA_DIR/MNIST/raw/;
 `--data synthetic` writes a generated look-alike under DATA_DIR/synthetic/MNIST/raw/
@@ -15,9 +15,7 @@ import warnings
 from pathlib import Path
 
 import torch
-import torchvision
-from torch.utils.data import Subset
-from torchvision import transforms
+from torch.utils.data import Dataset, Subset
 
 from common.errors import CourseError, one_line
 from common.files import atomic_write, creatable_folder
@@ -92,6 +90,7 @@ def _download(root: Path) -> str | None:
 
     $MNIST_MIRROR (a base URL) replaces torchvision's mirrors for this call only.
     """
+    import torchvision  # only to download: it costs seconds to import, and every rank reads the files without it
     cls = torchvision.datasets.MNIST
     created = [p for p in (Path(root), raw_folder(root).parent, raw_folder(root)) if not p.exists()]
     saved_mirrors, saved_timeout = cls.mirrors, socket.getdefaulttimeout()
@@ -159,8 +158,34 @@ def prepare_data(data_dir, kind: str = "mnist", download: bool = True, seed: int
     return root
 
 
-def mnist_transform() -> transforms.Compose:
-    return transforms.Compose([transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))])
+class MNISTFiles(Dataset):
+    """The MNIST IDX files of ROOT/MNIST/raw as tensors: `data` (uint8, N x 28 x 28) and `targets`.
+
+    An item is what torchvision's MNIST with ToTensor() and Normalize((0.1307,), (0.3081,)) returns, bit for
+    bit: the image as float32 in [0, 1], then (x - mean) / std, and the label as an int. Reading the files
+    directly spares every process the import of torchvision (seconds per process), and a DataLoader
+    worker the detour through a PIL image.
+    """
+
+    def __init__(self, root, train: bool = True):
+        prefix = "train" if train else "t10k"
+        self.data = _read_idx(raw_folder(root) / f"{prefix}-images-idx3-ubyte")
+        self.targets = _read_idx(raw_folder(root) / f"{prefix}-labels-idx1-ubyte").long()
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int):
+        image = self.data[index].unsqueeze(0).float().div(255)  # what ToTensor() does to a uint8 image
+        return (image - MNIST_MEAN) / MNIST_STD, int(self.targets[index])
+
+
+def _read_idx(path: Path) -> torch.Tensor:
+    """An IDX file (big-endian header: magic, then one size per dimension; then uint8 values) as a tensor."""
+    blob = path.read_bytes()
+    dims = 3 if struct.unpack(">I", blob[:4])[0] == 2051 else 1
+    shape = struct.unpack(">" + "I" * dims, blob[4:4 + 4 * dims])
+    return torch.frombuffer(bytearray(blob[4 + 4 * dims:]), dtype=torch.uint8).view(*shape)
 
 
 def _first(ds, n, what: str):
@@ -190,7 +215,7 @@ def load_mnist(data_dir, kind: str = "mnist", train_samples=None, test_samples=N
     None), with `val_samples` of the training ones held out (split_validation, by `seed`).
 
     Only the main process prepares the files; `barrier` (a callable, e.g. dist.barrier) makes the
-    other ranks wait for it. Every process then opens the files with torchvision.
+    other ranks wait for it. Every process then reads the files (MNISTFiles).
     """
     root = dataset_root(data_dir, kind)
     failure = None
@@ -212,8 +237,6 @@ def load_mnist(data_dir, kind: str = "mnist", train_samples=None, test_samples=N
     if missing:
         raise _missing_error(raw, f"{missing[0]} missing: the main process could not prepare it (see its "
                                   f"error), or the data dir is not shared by all ranks")
-    tf = mnist_transform()
-    train = torchvision.datasets.MNIST(str(root), train=True, download=False, transform=tf)
-    test = torchvision.datasets.MNIST(str(root), train=False, download=False, transform=tf)
+    train, test = MNISTFiles(root, train=True), MNISTFiles(root, train=False)
     train, val = split_validation(_first(train, train_samples, "train-samples"), val_samples, seed)
     return train, val, _first(test, test_samples, "test-samples")

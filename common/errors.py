@@ -90,7 +90,9 @@ def run(main, argv=None) -> None:
                                     f"rank stopped first (see its error) ({one_line(exc, 120)})"), False
         else:
             raise
-    if code in (2, 130) and dist.is_initialized():  # leave no group behind: a notebook may call main() again
+    # Leave no group behind: a notebook may call main() again. After a broken collective (code 1) only a gloo
+    # group is destroyed; an NCCL one may wait in its shutdown for a peer that is gone, and the process exits anyway.
+    if dist.is_initialized() and (code in (2, 130) or (code == 1 and dist.get_backend() == "gloo")):
         dist.destroy_process_group()
         gc.collect()
     if line and not quiet:

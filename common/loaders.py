@@ -11,9 +11,8 @@ import signal
 
 import torch
 from torch.utils.data import Sampler, Subset
-from torchvision.datasets import MNIST
 
-from common.data import MNIST_MEAN, MNIST_STD
+from common.data import MNIST_MEAN, MNIST_STD, MNISTFiles
 
 
 def _as_tensors(dataset) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,7 +21,7 @@ def _as_tensors(dataset) -> tuple[torch.Tensor, torch.Tensor]:
     while isinstance(dataset, Subset):
         indices = torch.as_tensor(dataset.indices) if indices is None else torch.as_tensor(dataset.indices)[indices]
         dataset = dataset.dataset
-    if isinstance(dataset, MNIST):  # fast path: torchvision already holds the raw uint8 tensor
+    if isinstance(dataset, MNISTFiles):  # fast path: it already holds the raw uint8 tensor
         images, labels = dataset.data, dataset.targets
         if indices is not None:
             images, labels = images[indices], labels[indices]

@@ -472,10 +472,10 @@ def problems(case: Case, results: list[dict], ctx: Context, mode: str) -> list[s
         elif not lead["lines"] or errors[0] not in lead["lines"]:
             found.append(f"the error line is not rank 0's: {errors[0]}")
         for r in rest:  # quiet with exit 2, or one line saying another rank failed (exit 1)
-            stopping = [line for line in r["lines"] if line.startswith(f"rank {r['rank']}: stopping, another rank failed")]
+            stopping = [line for line in r["lines"] if line.startswith(f"rank {r['rank']}: stopping, a collective failed")]
             if not (r["code"] == 2 and not stopping) and not (r["code"] == 1 and len(stopping) == 1):
                 found.append(f"rank {r['rank']}: exit {r['code']} with {stopping}, expected 2 (quiet) or 1 with "
-                             f"one 'stopping, another rank failed' line: {r['lines'][-5:]}")
+                             f"one 'stopping, a collective failed' line: {r['lines'][-5:]}")
     elif case.expect == "interrupted":
         said = [line for line in every if line.startswith("interrupted (Ctrl-C)")]
         if lead["code"] != 130:
@@ -483,11 +483,11 @@ def problems(case: Case, results: list[dict], ctx: Context, mode: str) -> list[s
         if len(said) != 1 or said[0] not in lead["lines"] or errors:
             found.append(f"expected one 'interrupted (Ctrl-C)' line from rank 0 and no error line: {every[-10:]}")
         for r in rest:  # its own Ctrl-C (130, quiet), or rank 0 left first: its collective broke (1, one line)
-            stopping = [line for line in r["lines"] if line.startswith(f"rank {r['rank']}: stopping, another rank failed")]
+            stopping = [line for line in r["lines"] if line.startswith(f"rank {r['rank']}: stopping, a collective failed")]
             loud = [line for line in r["lines"] if line.startswith(("interrupted", "error:", f"rank {r['rank']}:"))]
             if not (r["code"] == 130 and not loud) and not (r["code"] == 1 and loud == stopping and len(stopping) == 1):
                 found.append(f"rank {r['rank']}: exit {r['code']} with {r['lines'][-3:]}, expected 130 (quiet) or 1 "
-                             f"with one 'stopping, another rank failed' line")
+                             f"with one 'stopping, a collective failed' line")
     if case.max_seconds is not None and lead["seconds"] > case.max_seconds:
         found.append(f"took {lead['seconds']:.2f} s, expected under {case.max_seconds} s")
     for r in by_rank:

@@ -13,7 +13,7 @@ What is accepted from torchrun's own output (torchrun_report_problems in bad_inp
 prints its ChildFailedError report, which holds exactly one traceback, every frame of it in torch/distributed
 (its launcher and elastic agent) or runpy. The course's processes print no traceback at all: their one
 `error:` line comes BEFORE torchrun's report; a worker other than the failing one exits 2 quietly, or 1 with
-one `rank R: stopping, another rank failed (...)` line, or is stopped by torchrun's SIGTERM (-15).
+one `rank R: stopping, a collective failed (...)` line, or is stopped by torchrun's SIGTERM (-15).
 """
 import gc
 import json
@@ -225,7 +225,7 @@ def test_a_real_torchrun_launch_prints_the_course_line_before_torchruns_report(l
     found = torchrun_report_problems(lines, "torch.distributed.elastic.multiprocessing.errors.ChildFailedError")
     assert not found, "\n".join(found + lines[-40:])
     course = lines[:report]  # the workers' own lines: no traceback, no second error line
-    others = [line for line in course if line.startswith("rank 1: stopping, another rank failed")]
+    others = [line for line in course if line.startswith("rank 1: stopping, a collective failed")]
     assert len(others) <= 1 and not [line for line in course if "Traceback" in line], course
     text = "\n".join(lines)
     exits = {int(r): int(c) for r, c in re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", text)}

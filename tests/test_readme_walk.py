@@ -5,7 +5,7 @@ README.md, then each lesson's README. A ```bash block runs in a copy of the cour
 left (checkpoints, metrics). Blocks whose first line is a comment naming GPUs, Slurm or the
 internet (e.g. `# needs GPUs`) are left to their own tests. To keep the walk to minutes, the data
 is the synthetic set placed where `01_setup/download_mnist.py` would put MNIST, and lesson training
-scripts get `--train-samples 1200 --test-samples 400 --num-workers 0` appended (and `--epochs 2`
+scripts get `--train-samples 800 --test-samples 200 --num-workers 0` appended (and `--epochs 2`
 when the block gives none). The block must exit 0, unless the output shown after it starts with
 `error:`; and each line of that output that starts with a word the scripts print (epoch, resume:,
 lesson, error:, ...) must appear in the real output with the same shape (numbers may differ).
@@ -31,7 +31,7 @@ SHIM = """#!{python}
 import os, sys
 args = sys.argv[1:]
 if any(a.endswith(".py") and os.path.basename(a).startswith("mnist_") for a in args):
-    args += ["--train-samples", "1200", "--test-samples", "400", "--num-workers", "0"]
+    args += ["--train-samples", "800", "--test-samples", "200", "--num-workers", "0"]
     if "--epochs" not in args and "--dry-run" not in args and "--profile" not in args:
         args += ["--epochs", "2"]
 cmd = [{real!r}] + (["-m", {module!r}] if {module!r} else []) + args

