@@ -70,6 +70,8 @@ def number(pattern: str, text: str) -> float:
 def test_committed_without_outputs(path):
     book = nbformat.read(ROOT / path, as_version=4)
     assert all(not c.get("outputs") and not c.get("execution_count") for c in book.cells if c.cell_type == "code")
+    ids = [c.get("id") for c in book.cells]  # nbformat 4.5 cells carry unique ids (a missing one is a warning)
+    assert None not in ids and len(set(ids)) == len(ids), ids
 
 
 def test_01_collectives_per_rank(synthetic_dir, tmp_path, monkeypatch):

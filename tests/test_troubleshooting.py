@@ -325,7 +325,8 @@ def test_small_dev_shm_kills_the_workers_and_the_fixes():
         assert "unable to allocate shared memory(shm)" in job.out and "No space left on device" in job.out
     failed_quickly(sparse)
     assert "Unexpected bus error encountered in worker" in sparse.out, sparse.out[-3000:]
-    assert "is killed by signal: Bus error" in sparse.out
+    # The main process then notices the dead worker, or first loses the connection it was reading from (timing).
+    assert "is killed by signal: Bus error" in sparse.out or "ConnectionResetError" in sparse.out, sparse.out[-3000:]
     for job in (no_workers, bigger):
         succeeded(job)
         assert "ok: 4 batches" in job.out
