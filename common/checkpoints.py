@@ -15,8 +15,6 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 
 from common.distributed import barrier, is_main_process
 from common.errors import CourseError, one_line
@@ -49,7 +47,8 @@ def read_meta(path) -> dict:
         raise CourseError(f"checkpoint {path} does not exist: check --resume")
     try:
         if path.is_dir():
-            FileSystemReader(path).read_metadata()  # a missing or cut .metadata fails here, before DCP logs it
+            import torch.distributed.checkpoint as dcp  # here: only lesson 05 writes DCP folders (the import takes ~1 s)
+            dcp.FileSystemReader(path).read_metadata()  # a missing or cut .metadata fails here, before DCP logs it
             state = {"run": {k: None for k in signature(None, "")}, "position": {"epoch": 0, "step": 0, "rng": b""}}
             with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
                 warnings.simplefilter("ignore", UserWarning)

@@ -7,6 +7,7 @@ Early stopping needs nothing else: the best epoch and the epochs since are read 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -15,6 +16,9 @@ import torch.distributed as dist
 from common.cli import args_to_dict
 from common.distributed import is_main_process
 from common.files import atomic_write
+
+
+PLOT_EVERY_S = 30  # matplotlib takes ~0.5 s a figure: redraw curves.png at most this often, and when the run ends
 
 
 class History:
@@ -27,6 +31,7 @@ class History:
             "peak_memory_bytes": None, "epochs": [],
         }
         self._tensorboard = None
+        self._plotted = (time.monotonic(), 0)  # when curves.png was last drawn, and with how many rows
 
     @property
     def rows(self) -> list[dict]:
@@ -89,7 +94,8 @@ class History:
     def save(self) -> None:
         with atomic_write(self.dir / "metrics.json", "w") as f:
             json.dump(self.record, f, indent=2)
-        plot_curves(self.record, self.dir / "curves.png")
+        if time.monotonic() - self._plotted[0] > PLOT_EVERY_S:
+            self._plot()
         if getattr(self.args, "tensorboard", False):
             self._write_tensorboard(self.rows[-1])
 
@@ -106,8 +112,15 @@ class History:
                 self._tensorboard.add_scalar(tag, row[key], global_step=row["epoch"])
         self._tensorboard.flush()
 
+    def _plot(self) -> None:
+        plot_curves(self.record, self.dir / "curves.png")
+        self._plotted = (time.monotonic(), len(self.rows))
+
     def close(self) -> None:
-        """The end of the run: with validation, the test accuracy of the best model (the one kept as best)."""
+        """The end of the run (finished or stopped): the last curves.png; with validation, the test accuracy of
+        the best model (the one kept as best)."""
+        if is_main_process() and self.rows and self._plotted[1] != len(self.rows):
+            self._plot()
         if self._tensorboard is not None:
             self._tensorboard.close()
         best = next((r for r in self.rows if r["epoch"] == self.best_epoch), None)

@@ -11,6 +11,8 @@ worker must live in a .py file and we pass it by reference.
 What every worker gets:
   * the variables torchrun would set (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT), so a plain ``dist.init_process_group("gloo")`` inside it works;
+    like torchrun's agent, the launcher itself hosts the rendezvous store on a port it has already
+    bound (TORCHELASTIC_USE_AGENT_STORE), so no other program can take that port first;
   * NO GPU: CUDA_VISIBLE_DEVICES="" is set in the child before it imports torch, so the workers
     run on the CPU with gloo even on a workstation with one GPU (two processes cannot each
     have a GPU of their own there);
@@ -55,6 +57,7 @@ def worker_environment(rank: int, world_size: int, port: int, threads: int) -> d
     """The environment variables a worker runs with: torchrun's, no GPU, a share of the cores."""
     return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",  # rank 0 connects to the launcher's store instead of binding
             "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads)}
 
 
@@ -137,7 +140,11 @@ def launch(fn, nprocs: int = 2, args: tuple = (), timeout_s: float = 300.0) -> l
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // nprocs)
-    port = free_port()
+    # The store the ranks meet at, bound here on a port the OS picks: choosing a free port and letting rank 0
+    # bind it seconds later (after it has imported torch) loses the port now and then to another program.
+    from torch.distributed import TCPStore
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = store.port
     procs = [ctx.Process(target=_worker, args=(r, nprocs, port, threads, payload, results), daemon=True)
              for r in range(nprocs)]
     lines: dict[int, list] = {r: [] for r in range(nprocs)}

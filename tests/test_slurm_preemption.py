@@ -75,14 +75,20 @@ def wait_for(cluster, job_id, ready, what, timeout=PHASE_TIMEOUT_S):
 
 
 def run_to_the_end(cluster, job_id):
-    """Wait for the final state; release the requeued job from Slurm's ~2 min hold as soon as it is pending."""
-    released = 0
+    """Wait for the final state; release the requeued job from Slurm's ~2 min hold once it is pending.
+
+    Not in the second of the requeue: slurmd revokes the old launch credential with a timestamp in whole seconds,
+    and a job relaunched within that second is refused ("already killed, do not launch batch job") and FAILS.
+    Slurm's own hold exists for this; the test shortens it to the next wall-clock second but one."""
+    released, held_since = 0, None
     def final():
-        nonlocal released
+        nonlocal released, held_since
         info = cluster.job_info(job_id)
         if info["JobState"] == "PENDING" and info.get("Reason") == "BeginTime":
-            cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-            released += 1
+            held_since = held_since or time.time()
+            if int(time.time()) >= int(held_since) + 2:
+                cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+                released += 1
         return info["JobState"] in FINAL
     wait_for(cluster, job_id, final, "the job to end")
     return cluster.job_info(job_id), released

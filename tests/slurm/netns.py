@@ -13,7 +13,10 @@ BRIDGE = PREFIX + "br"
 
 
 def ip(*args, check=True):
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed (exit {done.returncode}): {done.stderr.strip()}")
+    return done
 
 
 def free_subnet():
