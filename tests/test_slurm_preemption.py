@@ -77,9 +77,9 @@ def wait_for(cluster, job_id, ready, what, timeout=PHASE_TIMEOUT_S):
 def run_to_the_end(cluster, job_id):
     """Wait for the final state; release the requeued job from Slurm's ~2 min hold once it is pending.
 
-    Not in the second of the requeue: slurmd revokes the old launch credential with a timestamp in whole seconds,
-    and a job relaunched within that second is refused ("already killed, do not launch batch job") and FAILS.
-    Slurm's own hold exists for this; the test shortens it to the next wall-clock second but one."""
+    Not in the second of the requeue: released at once, a job was relaunched 0.7 s after its requeue and slurmd
+    refused it ("Job 17 already killed, do not launch batch job"): it FAILED (Slurm 22.05.8, seen once in CI).
+    Slurm's own hold prevents that; the test shortens it to two wall-clock seconds after the requeue."""
     released, held_since = 0, None
     def final():
         nonlocal released, held_since
