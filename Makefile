@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 # Two pytest workers (tests/conftest.py says how the tests are shared out); TEST_WORKERS=0 runs them in one process.
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder tests
 
 # The oldest torch the course supports (pyproject's floor), in its own venv: the lessons run on it too.
 FLOOR_TORCH ?= torch==2.9.1 torchvision==0.24.1

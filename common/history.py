@@ -18,7 +18,7 @@ from common.distributed import is_main_process
 from common.files import atomic_write
 
 
-PLOT_EVERY_S = 30  # matplotlib takes ~0.5 s a figure: redraw curves.png at most this often, and when the run ends
+PLOT_EVERY_S = 30  # matplotlib takes ~1 s a figure (its import included): redraw curves.png at most this often, and when the run ends
 
 
 class History:

@@ -8,7 +8,7 @@ import pytest
 
 from common.data import prepare_data
 
-# `make test` runs two pytest workers (pytest-xdist, `-n 2 --dist loadgroup`): much of a test's time is spent
+# `make test` runs two pytest workers (pytest-xdist, `-n 2`): much of a test's time is spent
 # waiting (for Slurm, for a timeout to fire, for processes to start), so two keep both cores busy. Tests that
 # share one costly thing run on one worker, one after another: the Slurm cluster (one per machine) and a module's
 # module-scoped runs. The longest groups are handed out first, so no worker is left with a long tail.
