@@ -31,6 +31,8 @@ def main() -> None:
     results = Path(sys.argv[2])
     rank = int(os.environ["RANK"])
     rows = [case for case in bad_inputs.build_table() if "torchrun" in case.modes]
+    if os.environ.get("BAD_INPUT_ROWS"):  # a second launch for the rows whose group never formed (see the test)
+        rows = [case for case in rows if case.id in os.environ["BAD_INPUT_ROWS"].split(",")]
     for script in {case.script for case in rows}:
         bad_inputs.load_script(script)  # the imports, while the test still makes the artifacts
     gc.collect()

@@ -147,17 +147,36 @@ def test_bad_input_under_plain_python(case, matrix):
     assert not found, "\n".join(found)
 
 
+def read_results(folder: Path) -> dict:
+    rows = {}
+    for rank in (0, 1):
+        path = folder / f"rank{rank}.jsonl"
+        for line in (path.read_text().splitlines() if path.exists() else []):
+            result = json.loads(line)
+            rows.setdefault(result["id"], []).append(result)
+    return rows
+
+
 @pytest.fixture(scope="module")
 def driver_results(matrix):
     launch = matrix["launches"]["driver"]
     code = launch.wait(DRIVER_DEADLINE_S)
-    rows = {}
-    for rank in (0, 1):
-        path = matrix["results"] / f"rank{rank}.jsonl"
-        for line in (path.read_text().splitlines() if path.exists() else []):
-            result = json.loads(line)
-            rows.setdefault(result["id"], []).append(result)
-    return {"code": code, "rows": rows, "lines": launch.lines, "seconds": launch.seconds}
+    rows = read_results(matrix["results"])
+    # The driver makes ~100 process groups one after the other in the same two processes, which no learner does.
+    # On a busy machine gloo's connectFullMesh of one such group was refused now and then (1 run in 3), before the
+    # row's own code ran: those rows, and only those, run once more in a fresh launch.
+    again = [row for row, results in rows.items() if "connectFullMesh" in json.dumps(results)]
+    if again:
+        retry = matrix["results"].parent / "retry"
+        retry.mkdir(exist_ok=True)
+        for row in again:
+            prepare(ROWS[row], matrix["ctx"]["torchrun"])
+        second = Launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                         str(DRIVER), matrix["ctx"]["torchrun"].to_json(), str(retry)],
+                        environment(DIST_TIMEOUT_SECONDS="30", BAD_INPUT_ROWS=",".join(again)), retry / "driver.log")
+        assert second.wait(DRIVER_DEADLINE_S) == 0, second.lines[-40:]
+        rows.update(read_results(retry))
+    return {"code": code, "rows": rows, "lines": launch.lines, "seconds": launch.seconds, "again": again}
 
 
 def test_the_torchrun_driver_ran_every_row_on_both_ranks(driver_results):
