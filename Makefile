@@ -4,14 +4,19 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-floor test-slurm demo bench clean
+.PHONY: setup test coverage test-floor test-slurm demo bench clean
 
 setup: $(STAMP)
+
+# Where torch and torchvision come from: empty = PyPI (on Linux CUDA 13 wheels: Turing or newer, driver >= 580).
+# A V100 or an older driver: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu126 (docs/install.md).
+TORCH_INDEX ?=
 
 # Reinstall only when the project's dependencies change.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet torch torchvision --index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e '.[dev]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
@@ -20,6 +25,14 @@ $(STAMP): pyproject.toml
 TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder tests
+
+# `make test` under coverage.py, subprocesses included (.coveragerc): line and branch coverage per file,
+# in the terminal and in build/coverage/html/index.html. The report is printed even when a test fails.
+coverage: setup
+	rm -rf build/coverage && mkdir -p build/coverage
+	$(PY) -m coverage run -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder tests; status=$$?; \
+	$(PY) -m coverage combine --quiet && $(PY) -m coverage report && \
+	$(PY) -m coverage html --quiet -d build/coverage/html && exit $$status
 
 # The oldest torch the course supports (pyproject's floor), in its own venv: the lessons run on it too.
 FLOOR_TORCH ?= torch==2.9.1 torchvision==0.24.1

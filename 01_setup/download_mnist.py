@@ -1,14 +1,19 @@
 """Lesson 01: fetch MNIST once, on a LOGIN node (compute nodes often have no internet).
 
-    python download_mnist.py --data-dir $WORKSHOP_DATA_DIR      # real MNIST (about 55 MB unpacked)
-    python download_mnist.py --synthetic                        # offline: synthetic digits in MNIST format
-Running it again is quick: files that are already there are kept.
+From the course folder (01_setup/README.md):
+    python 01_setup/download_mnist.py --data-dir $WORKSHOP_DATA_DIR   # real MNIST (about 55 MB unpacked)
+    python 01_setup/download_mnist.py --synthetic                     # offline: synthetic digits in MNIST format
+Running it again is quick: files that are already there are kept, .gz files found there are extracted. Without
+internet it stops with one line naming the four .gz files to copy in from a machine that has it, and where.
 """
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
 
 from common.cli import Parser
 from common.data import dataset_root, default_data_dir, prepare_data, raw_folder
-from common.errors import run
+from common.exits import run
 
 
 def main(argv=None):

@@ -1,25 +1,33 @@
 """Lesson 01: the four collectives every distributed training job uses, each CHECKED.
 
-    python hello_distributed.py                                   # one process
-    torchrun --standalone --nproc_per_node=4 hello_distributed.py # four on this machine
-    srun --ntasks-per-node=4 python hello_distributed.py          # Slurm, one task per GPU
+From the course folder (01_setup/README.md):
+    python 01_setup/hello_distributed.py                                                     # one process
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=4 01_setup/hello_distributed.py # four on this machine
+    srun --nodes=1 --ntasks-per-node=2 --gpus-per-node=2 python 01_setup/hello_distributed.py  # Slurm: 1 task/GPU
 Exits 0 and prints "OK" on rank 0 only if every result is what the maths says it must be.
 """
 import socket
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
 
 import torch
 import torch.distributed as dist
 
 from common.cli import Parser
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
-from common.errors import run
+from common.exits import run
+from common.log import write_line
 
 
 def main(argv=None):
-    Parser(description="Check all_reduce, broadcast, all_gather and barrier on every rank (no flags)").parse_args(argv)
+    parser = Parser(description="Check all_reduce, broadcast, all_gather and barrier on every rank")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="auto: cuda:LOCAL_RANK if there are GPUs, else the CPU; cpu: the CPU even in a GPU job")
+    args = parser.parse_args(argv)
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables
-    device = pick_device("auto", env)  # cuda:LOCAL_RANK if there are GPUs, else the CPU
+    device = pick_device(args.device, env)  # cuda:LOCAL_RANK if there are GPUs, else the CPU
     if device.type == "cuda":
         torch.cuda.set_device(device)  # this process uses this GPU, and only this one
     # env:// : every process meets the others at MASTER_ADDR:MASTER_PORT, where rank 0 listens.
@@ -28,10 +36,9 @@ def main(argv=None):
                             rank=env.rank, world_size=env.world_size, store=restart_safe_store(env),
                             device_id=device if device.type == "cuda" else None)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    # One write per line, so the lines of ranks sharing a terminal or log file never interleave.
-    sys.stdout.write(f"host {socket.gethostname()} | rank {rank} of {world_size} | local rank {env.local_rank} | "
-                     f"device {device} | backend {dist.get_backend()}\n")
-    sys.stdout.flush()
+    # write_line: one write per line, so the lines of ranks sharing a terminal or log file never interleave.
+    write_line(f"host {socket.gethostname()} | rank {rank} of {world_size} | local rank {env.local_rank} | "
+               f"device {device} | backend {dist.get_backend()}")
     result = {"rank": rank, "world_size": world_size, "host": socket.gethostname()}
 
     # all_reduce: every rank contributes rank+1; everyone ends with 1 + 2 + ... + W.
@@ -60,9 +67,10 @@ def main(argv=None):
     dist.all_reduce(bad, op=dist.ReduceOp.SUM)
     result["ok"] = bad.item() == 0
     if failures:
-        print(f"rank {rank}: FAILED {', '.join(failures)}", flush=True)
+        write_line(f"rank {rank}: FAILED {', '.join(failures)}")
     if rank == 0 and result["ok"]:
-        print(f"OK: all_reduce, broadcast, all_gather and barrier verified on {world_size} rank(s)", flush=True)
+        write_line(f"OK: all_reduce, broadcast, all_gather and barrier verified on {world_size} rank(s)")
+    dist.barrier()  # every verdict is printed before a failed rank exits: torchrun then stops the others at once
     dist.destroy_process_group()  # leave cleanly: no warning, no hanging sockets
     if not result["ok"]:
         sys.exit(1)

@@ -25,7 +25,7 @@ echo "== tasks ${SLURM_NTASKS:-?} (one per GPU) | GPUs per node ${SLURM_GPUS_ON_
 show_tasks  # one line per task: its node, local rank and the GPUs it sees
 echo "== check_env.py, once per node"
 srun --kill-on-bad-exit=1 --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
-    python "$COURSE_DIR/01_setup/check_env.py"
+    python "$COURSE_DIR/01_setup/check_env.py" "$@"
 echo "== hello_distributed.py, one process per task"
 srun --kill-on-bad-exit=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
     python "$COURSE_DIR/01_setup/hello_distributed.py" "$@"

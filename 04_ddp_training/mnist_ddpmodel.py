@@ -1,12 +1,17 @@
-"""Lesson 04: DistributedDataParallel, one process per GPU (or per CPU slot), any number of nodes.
+r"""Lesson 04: DistributedDataParallel, one process per GPU (or per CPU slot), any number of nodes.
 
 Every process holds a full replica, trains on its own shard of the data, and DDP all_reduces
-the gradients during backward, so all replicas take the same optimizer step:
-    torchrun --standalone --nproc_per_node=2 mnist_ddpmodel.py --epochs 1 --data synthetic
+the gradients during backward, so all replicas take the same optimizer step. From the course folder:
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 04_ddp_training/mnist_ddpmodel.py --data synthetic \
+        --train-samples 4000 --test-samples 1000 --epochs 2 --num-workers 0 --output-dir runs/04-first
 """
 import signal
 import socket
+import sys
 from contextlib import nullcontext
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
 
 import torch
 import torch.distributed as dist
@@ -15,11 +20,13 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
+from common.amp import autocast_dtype
 from common.checkpoints import CheckpointDir
 from common.cli import base_parser, parse, save_config
 from common.data import load_mnist
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
-from common.errors import CourseError, on_out_of_memory, run
+from common.errors import CourseError
+from common.exits import on_out_of_memory, run
 from common.files import atomic_save
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
@@ -43,7 +50,7 @@ def stop_agreed(stop, group) -> bool:
     return stop.request > 0
 
 
-def train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group):
+def train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group, amp_dtype, scaler):
     """One epoch, from position.step on. Leaves early, between two steps, when a stop was requested."""
     model.train()
     meter = position.meter(device)  # the epoch's training loss; a resumed epoch continues its own sums
@@ -53,14 +60,16 @@ def train(args, model, device, train_loader, optimizer, scheduler, position, sto
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
         sync_now = (i + 1) % args.grad_accum == 0  # the last micro-batch of an optimizer step
         with nullcontext() if sync_now else model.no_sync():  # no_sync(): no all_reduce until the last one
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 output = model(data)
             loss = F.nll_loss(output.float(), target)
-            (loss / args.grad_accum).backward()  # when syncing, DDP all_reduces (averages) the gradients here
+            scaler.scale(loss / args.grad_accum).backward()  # when syncing, DDP all_reduces (averages) the gradients here
         if sync_now:
             if args.clip_grad:  # DDP's gradients are already averaged, the same on every rank: so is the norm
+                scaler.unscale_(optimizer)  # float16: clip the true gradients, not the scaled ones
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
-            optimizer.step()
+            scaler.step(optimizer)  # optimizer.step(); float16: skipped if a gradient overflowed
+            scaler.update()  # float16: a smaller scale after an overflow, a larger one after 2000 good steps
             scheduler.step()  # the learning rate schedule advances once per optimizer step
             optimizer.zero_grad(set_to_none=True)
             position.step += 1
@@ -69,12 +78,12 @@ def train(args, model, device, train_loader, optimizer, scheduler, position, sto
 
 
 @torch.no_grad()
-def test(args, model, device, test_loader):
+def test(args, model, device, test_loader, amp_dtype):
     model.eval()
     meter = EpochMeter(device)
     for data, target in test_loader:
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             output = model(data)
         loss_sum = F.nll_loss(output.float(), target, reduction="sum")
         meter.update(loss_sum, (output.argmax(dim=1) == target).sum(), len(data))
@@ -88,27 +97,29 @@ def make_loader(args, dataset, batch_size, sampler, device):
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **loader_options(args, device))
 
 
-def checkpoint_state(model, optimizer, scheduler, position, history, checkpoints):
+def checkpoint_state(model, optimizer, scheduler, scaler, position, history, checkpoints):
     """Everything needed to continue: weights, optimizer and schedule state, and how far training got."""
     return {"model": model.module.state_dict(),  # .module: the plain Net inside DDP
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
             "position": position.state_dict(), "history": history.state_dict(), "run": checkpoints.run}
 
 
-def save_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints):
+def save_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints):
     # Every rank builds the state: position.state_dict() gathers every rank's random state (a collective).
-    state = checkpoint_state(model, optimizer, scheduler, position, history, checkpoints)
+    state = checkpoint_state(model, optimizer, scheduler, scaler, position, history, checkpoints)
     if dist.get_rank() == 0:  # the replicas are identical: one file, written by rank 0
         atomic_save(state, path)  # a temporary file renamed into place: a crash never leaves half a checkpoint
     dist.barrier()  # no rank goes on (or reads it) before the file is complete
 
 
-def load_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints, device):
+def load_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints, device):
     # Every rank reads the file; map_location puts rank 0's saved tensors on THIS rank's device.
     checkpoint = torch.load(path, map_location=device, weights_only=True)  # tensors and plain data, never code
     model.module.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
+    if checkpoint.get("scaler"):  # float16 runs: the loss scale reached (other runs save an empty one)
+        scaler.load_state_dict(checkpoint["scaler"])
     position.load_state_dict(checkpoint["position"])
     history.load_state_dict(checkpoint["history"], position.epoch)
 
@@ -148,6 +159,8 @@ def main(argv=None):
     val_loader = make_loader(args, val_ds, args.test_batch_size, EvalSampler(val_ds), device) if val_ds else None
     test_loader = make_loader(args, test_ds, args.test_batch_size, EvalSampler(test_ds), device)
 
+    amp_dtype = autocast_dtype(args.amp, device)  # --amp: bfloat16 where the device has it natively, else float16
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # float16 needs loss scaling
     model = Net(**model_flags(args), batch_norm=args.sync_bn).to(device)
     model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # --sync-bn: BatchNorm statistics over ALL ranks
     on_out_of_memory(f"the model's {count_parameters(model) / 1e6:,.0f} M parameters need {count_parameters(model) * 16 / 2**30:.1f} "
@@ -162,25 +175,25 @@ def main(argv=None):
          f"micro-batch, effective batch {args.batch_size * args.grad_accum * world_size}")
     optimizer = make_optimizer(args, model.parameters(), world_size)  # --lr-scaling uses the world size
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
-    warmup_s = warm_up(model, optimizer, train_loader, device, args)  # one-off costs, timed apart, then undone
+    warmup_s = warm_up(model, optimizer, train_loader, device, args, amp_dtype)  # one-off costs, timed apart, then undone
     position, history = Position(), History(args, LESSON, device, warmup_seconds=warmup_s)
     if resume:  # --resume auto: the newest good checkpoint
-        load_checkpoint(resume, model, optimizer, scheduler, position, history, checkpoints, device)
+        load_checkpoint(resume, model, optimizer, scheduler, scaler, position, history, checkpoints, device)
     save_config(args, f"{args.output_dir}/config.yaml")  # --config this file replays the run
 
     with StopSignals(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as stop:  # + Slurm's warning before the limit
         for epoch in range(position.epoch, args.epochs + 1):
             train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-            train_stats = train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group)
+            train_stats = train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group, amp_dtype, scaler)
             if stop.request:  # all ranks agreed: save where we are; --resume auto (or Slurm's requeue) continues
-                save_checkpoint(checkpoints.path(position), model, optimizer, scheduler, position, history, checkpoints)
+                save_checkpoint(checkpoints.path(position), model, optimizer, scheduler, scaler, position, history, checkpoints)
                 stop.report(position.epoch, position.step)
                 break
-            val_stats = test(args, model, device, val_loader) if val_loader else None
-            history.add(epoch, train_stats, test(args, model, device, test_loader), val_stats, scheduler.get_last_lr()[0])
+            val_stats = test(args, model, device, val_loader, amp_dtype) if val_loader else None
+            history.add(epoch, train_stats, test(args, model, device, test_loader, amp_dtype), val_stats, scheduler.get_last_lr()[0])
             position.next_epoch()
             path = checkpoints.path(position)
-            save_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints)
+            save_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints)
             checkpoints.prune(path, best=history.best_epoch == epoch)  # the newest --keep-checkpoints, and best.pt
             if history.done(args.patience):  # --target-accuracy reached, or --patience epochs without a better val
                 break

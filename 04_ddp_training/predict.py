@@ -5,12 +5,16 @@
 
 Every rank predicts its shard of the test set (DistributedSampler, which PADS the shards to equal size),
 rank 0 gathers all rows, puts them back in dataset order, drops the padded duplicates and writes
-predictions.csv, predictions.pt, confusion_matrix.png and misclassified.png. See predict.md.
+predictions.csv, predictions.pt, confusion_matrix.png and misclassified.png. See reference.md,
+"Predictions gathered on rank 0".
 """
 import csv
 import os
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
 
 import torch
 import torch.distributed as dist
@@ -20,7 +24,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 from common.cli import Parser, positive_int
 from common.data import MNIST_MEAN, MNIST_STD, default_data_dir, load_mnist
 from common.distributed import detect_launch, launch_env, pick_device
-from common.errors import CourseError, one_line, run
+from common.errors import CourseError, one_line
+from common.exits import run
 from common.model import Net
 
 COLUMNS = ["index", "label", "predicted"] + [f"p{k}" for k in range(10)]  # one row per image

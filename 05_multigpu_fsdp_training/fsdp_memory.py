@@ -38,7 +38,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.cli import Parser, count, positive_int
 from common.distributed import init_timeout, launch_env, pick_device
-from common.errors import CourseError, run
+from common.errors import CourseError
+from common.exits import run
 from common.model import Net, count_parameters, model_flags
 
 # Lesson 05 itself, for its init_weights: importing it runs nothing (its main() waits for `__name__ == "__main__"`).
@@ -48,6 +49,9 @@ _spec.loader.exec_module(lesson05)
 
 TOOLS = ("checkpoint-activations", "no-reshard-after-forward", "cpu-offload", "prefetch", "ddp")
 SWEEP_KEYS = ("width", "blocks", "hidden", "batch_size", "steps")
+CPU_NOTE = ("on CPU: no peak memory (torch.cuda.max_memory_allocated counts GPU memory only), and held MiB counts "
+            "weights, gradients and AdamW state, not activations or gathered units: --checkpoint-activations, "
+            "--no-reshard-after-forward and --prefetch change only s/step here; their memory shows on GPUs")
 
 
 def build(args, device, mesh):
@@ -189,9 +193,10 @@ def table(rows) -> str:
     for same in zip(*rows):
         r, mib = same[0], lambda key: max(x.get(key) or 0 for x in same) / 2 ** 20
         bad = [x["status"] for x in same if x["status"] != "ok"]
+        peak = f"{mib('peak_bytes'):>9,.0f}" if r["peak_bytes"] is not None else f"{'-':>9}"  # None: a CPU run
         lines.append(f"{r['tools']:<40} {r['width']:>5} {r['blocks']:>6} {r['hidden'] or '-':>6} {r['batch_size']:>5} "
                      f"{r.get('parameters', 0) / 1e6:>7.1f}M " + (bad[0] if bad else f"{mib('held_bytes'):>14,.1f} "
-                     f"{mib('peak_bytes'):>9,.0f} {r['s_per_step']:>7.4f}"))
+                     f"{peak} {r['s_per_step']:>7.4f}"))
     return "\n".join(lines)
 
 
@@ -233,6 +238,8 @@ def main(argv=None):
     dist.all_gather_object(everyone, rows)
     if rank == 0:
         print(table(everyone), flush=True)
+        if device.type != "cuda":  # the tools' savings are GPU memory: say so, rather than print a 0 or no difference
+            print(CPU_NOTE, flush=True)
     dist.destroy_process_group()
     return rows
 

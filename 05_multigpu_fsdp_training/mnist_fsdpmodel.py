@@ -1,11 +1,17 @@
-"""Lesson 05: FSDP2 (fully_shard): each process keeps only a 1/N shard of weights, grads and optimizer state.
+r"""Lesson 05: FSDP2 (fully_shard): each process keeps only a 1/N shard of weights, grads and optimizer state.
 
 Before a unit of layers runs, its full weights are all-gathered; after backward, its gradients are
-reduce-scattered so each rank updates only its shard. A model too big for one GPU under DDP fits:
-    torchrun --standalone --nproc_per_node=2 mnist_fsdpmodel.py --epochs 1 --data synthetic --blocks 4
+reduce-scattered so each rank updates only its shard: a model too big for one GPU under DDP fits. From the
+course folder:
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 05_multigpu_fsdp_training/mnist_fsdpmodel.py \
+        --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --num-workers 0
 """
 import signal
 import socket
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
 
 import torch
 import torch.distributed as dist
@@ -18,11 +24,12 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import distribute_tensor
 from torch.utils.data import DataLoader, DistributedSampler
 
+from common.amp import autocast_dtype
 from common.checkpoints import CheckpointDir
 from common.cli import base_parser, parse, save_config
 from common.data import load_mnist
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
-from common.errors import run
+from common.exits import run
 from common.files import atomic_save, replace_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
@@ -46,7 +53,7 @@ def stop_agreed(stop, group) -> bool:
     return stop.request > 0
 
 
-def train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group):
+def train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group, amp_dtype, scaler):
     """One epoch, from position.step on. Leaves early, between two steps, when a stop was requested."""
     model.train()
     meter = position.meter(device)  # the epoch's training loss; a resumed epoch continues its own sums
@@ -56,14 +63,16 @@ def train(args, model, device, train_loader, optimizer, scheduler, position, sto
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
         sync_now = (i + 1) % args.grad_accum == 0  # the last micro-batch of an optimizer step
         model.set_requires_gradient_sync(sync_now)  # FSDP's no_sync: no reduce-scatter until the last one
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             output = model(data)
         loss = F.nll_loss(output.float(), target)
-        (loss / args.grad_accum).backward()  # when syncing, gradients are reduce-scattered: each rank keeps its shard
+        scaler.scale(loss / args.grad_accum).backward()  # when syncing, gradients are reduce-scattered: each rank keeps its shard
         if sync_now:
             if args.clip_grad:  # the norm of ALL gradients (FSDP: the shards' norms are all-reduced)
+                scaler.unscale_(optimizer)  # float16: clip the true gradients, not the scaled ones
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
-            optimizer.step()
+            scaler.step(optimizer)  # optimizer.step(); float16: skipped if a gradient overflowed
+            scaler.update()  # float16: a smaller scale after an overflow, a larger one after 2000 good steps
             scheduler.step()  # the learning rate schedule advances once per optimizer step
             optimizer.zero_grad(set_to_none=True)
             position.step += 1
@@ -72,12 +81,12 @@ def train(args, model, device, train_loader, optimizer, scheduler, position, sto
 
 
 @torch.no_grad()
-def test(args, model, device, test_loader):
+def test(args, model, device, test_loader, amp_dtype):
     model.eval()
     meter = EpochMeter(device)
     for data, target in test_loader:
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             output = model(data)
         loss_sum = F.nll_loss(output.float(), target, reduction="sum")
         meter.update(loss_sum, (output.argmax(dim=1) == target).sum(), len(data))
@@ -109,29 +118,34 @@ def init_weights(model, args):
         full.to_empty(device="meta", recurse=False)  # and free it
 
 
-def checkpoint_state(model, optimizer, scheduler, position, history, checkpoints):
+def checkpoint_state(model, optimizer, scheduler, scaler, position, history, checkpoints):
     """Everything needed to continue: weights, optimizer and schedule state, and how far training got."""
     model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, as DTensors: no copies
     return {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(),  # float16: the loss scale; else {}
             "position": position.state_dict(), "history": history.state_dict(), "run": checkpoints.run}
 
 
-def save_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints):
+def save_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints):
     # No rank holds the whole model: with DCP every rank writes its own shards, in parallel, into one folder.
     scratch = path.with_name(path.name + ".tmp")
-    dcp.save(checkpoint_state(model, optimizer, scheduler, position, history, checkpoints), checkpoint_id=scratch)
+    dcp.save(checkpoint_state(model, optimizer, scheduler, scaler, position, history, checkpoints), checkpoint_id=scratch)
     dist.barrier()  # every rank's shards are on disk
     if dist.get_rank() == 0:
         replace_folder(scratch, path)  # only a complete checkpoint gets the name (an older one of it goes)
     dist.barrier()
 
 
-def load_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints, device):
+def load_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints, device):
     # DCP reads the pieces THIS rank's shards need, whatever the number of ranks that wrote them.
-    checkpoint = checkpoint_state(model, optimizer, scheduler, position, history, checkpoints)
+    checkpoint = checkpoint_state(model, optimizer, scheduler, scaler, position, history, checkpoints)
+    if "scaler.scale" not in dcp.FileSystemReader(path).read_metadata().state_dict_metadata:
+        checkpoint["scaler"] = {}  # a run without float16 saved no loss scale: a float16 one starts a fresh scale
     dcp.load(checkpoint, checkpoint_id=path)  # in place, into the tensors of `checkpoint`
     set_state_dict(model, optimizer, model_state_dict=checkpoint["model"], optim_state_dict=checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
+    if checkpoint["scaler"]:  # float16 runs: the loss scale reached
+        scaler.load_state_dict(checkpoint["scaler"])
     position.load_state_dict(checkpoint["position"])
     history.load_state_dict(checkpoint["history"], position.epoch)
 
@@ -169,13 +183,16 @@ def main(argv=None):
     val_loader = make_loader(args, val_ds, args.test_batch_size, EvalSampler(val_ds), device) if val_ds else None
     test_loader = make_loader(args, test_ds, args.test_batch_size, EvalSampler(test_ds), device)
 
+    amp_dtype = autocast_dtype(args.amp, device)  # --amp: bfloat16 where the device has it natively, else float16
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # float16 needs loss scaling
     with torch.device("meta"):  # shapes only, no memory and no values: no rank ever holds the whole model
         model = Net(**model_flags(args))
     nodes = world_size // env.local_world_size  # --hsdp: a 2-D mesh, replicate across the nodes, shard within each
     mesh = init_device_mesh(device.type, (nodes, world_size // nodes), mesh_dim_names=("replicate", "shard")) \
         if args.hsdp else init_device_mesh(device.type, (world_size,))  # else 1-D: shard over all ranks
-    mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.amp else None,  # --amp: bf16 gathers and
-                                     reduce_dtype=torch.float32)  # compute, fp32 gradient reduction and master shards
+    # --amp: bf16 or fp16 gathers and compute, fp32 gradient reduction and master shards. The GradScaler above works
+    # on the sharded gradients as they are: DTensor all-reduces its inf/NaN check, so every rank skips the same steps.
+    mp_policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
     for unit in [model.features, model.fc1, *model.blocks, model.fc2, model]:  # units, then the root (the rest)
         fully_shard(unit, mesh=mesh, mp_policy=mp_policy)  # one unit is all-gathered at a time, then freed
     model.to_empty(device=device)  # this rank's shards, allocated, not initialised
@@ -190,25 +207,25 @@ def main(argv=None):
          f"{count_parameters(model) / 1e6:,.1f} M parameters, each rank stores ~1/{mesh.shape[-1]} of them")
     optimizer = make_optimizer(args, model.parameters(), world_size)  # --lr-scaling uses the world size
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
-    warmup_s = warm_up(model, optimizer, train_loader, device, args)  # one-off costs, timed apart, then undone
+    warmup_s = warm_up(model, optimizer, train_loader, device, args, amp_dtype)  # one-off costs, timed apart, then undone
     position, history = Position(), History(args, LESSON, device, warmup_seconds=warmup_s)
     if resume:  # --resume auto: the newest good checkpoint
-        load_checkpoint(resume, model, optimizer, scheduler, position, history, checkpoints, device)
+        load_checkpoint(resume, model, optimizer, scheduler, scaler, position, history, checkpoints, device)
     save_config(args, f"{args.output_dir}/config.yaml")  # --config this file replays the run
 
     with StopSignals(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as stop:  # + Slurm's warning before the limit
         for epoch in range(position.epoch, args.epochs + 1):
             train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-            train_stats = train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group)
+            train_stats = train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group, amp_dtype, scaler)
             if stop.request:  # all ranks agreed: save where we are; --resume auto (or Slurm's requeue) continues
-                save_checkpoint(checkpoints.path(position), model, optimizer, scheduler, position, history, checkpoints)
+                save_checkpoint(checkpoints.path(position), model, optimizer, scheduler, scaler, position, history, checkpoints)
                 stop.report(position.epoch, position.step)
                 break
-            val_stats = test(args, model, device, val_loader) if val_loader else None
-            history.add(epoch, train_stats, test(args, model, device, test_loader), val_stats, scheduler.get_last_lr()[0])
+            val_stats = test(args, model, device, val_loader, amp_dtype) if val_loader else None
+            history.add(epoch, train_stats, test(args, model, device, test_loader, amp_dtype), val_stats, scheduler.get_last_lr()[0])
             position.next_epoch()
             path = checkpoints.path(position)
-            save_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints)
+            save_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints)
             checkpoints.prune(path, best=history.best_epoch == epoch)  # the newest --keep-checkpoints, and best.pt
             if history.done(args.patience):  # --target-accuracy reached, or --patience epochs without a better val
                 break

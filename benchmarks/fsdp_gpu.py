@@ -1,4 +1,4 @@
-"""Issue 17 on GPUs: FSDP2 trains a model DDP cannot fit, what its tools cost, and where its time goes.
+"""Lesson 05 measured on GPUs: FSDP2 trains a model DDP cannot fit, what its tools cost, and where its time goes.
 
 One command on a machine with 2 GPUs (4 when present), from the course folder, within --budget-s (default 420 s):
 

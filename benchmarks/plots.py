@@ -30,8 +30,7 @@ def _empty(ax, what: str) -> None:
 
 
 def time_to_target(plt, rows):
-    """Per seed, one bar per GPU count; the time limits as dashed lines; an x where 99% was not reached."""
-    from benchmarks.report import TARGET_SECONDS
+    """Per seed, one bar per GPU count; an x where 99% was not reached."""
     rs = _real_first(_ok(rows, "recipe"))
     fig, ax = plt.subplots(figsize=(6, 4))
     gpus, seeds = sorted({r["gpus"] for r in rs}), sorted({r["seed"] for r in rs})
@@ -46,15 +45,13 @@ def time_to_target(plt, rows):
             else:
                 ax.bar(x, t, width, color=f"C{i}", label=None if g in labelled else f"{g} GPU(s)")
                 labelled.add(g)
-        if g in TARGET_SECONDS:
-            ax.axhline(TARGET_SECONDS[g], ls="--", color=f"C{i}", lw=1)
     if not rs:
         _empty(ax, "time to target")
     ax.set_xticks(range(len(seeds)), [f"seed {s}" for s in seeds])
     target = next((t for r in rs if (t := (r.get("args") or {}).get("target_accuracy"))), None)
     ax.set(ylabel="training seconds to target", title=f"Time to {f'{target:.0%}' if target else 'target'} "
            f"(lesson 04 recipe), {_data(rs)}\n"
-           "dashed: target limit per GPU count; x: not reached")
+           "x: not reached")
     _legend(ax)
     return fig
 

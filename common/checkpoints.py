@@ -83,6 +83,7 @@ class CheckpointDir:
         self.best_path = where / ("best" if sharded else "best.pt")  # the best validation epoch's checkpoint
         self.run = signature(args, lesson)
         self.keep, self.sharded, self.epochs = args.keep_checkpoints, sharded, args.epochs
+        self.takes_weights = hasattr(args, "init_from")  # lesson 05: --init-from starts from another lesson's weights
         if args.dry_run and is_main_process():
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -122,6 +123,11 @@ class CheckpointDir:
                 return None
         else:
             path, saved = Path(spec), read_meta(spec)
+        if saved["run"].get("lesson") != self.run["lesson"]:  # the other keys would differ as noise (one lesson's flags)
+            fix = f"to start from its weights, use --init-from {path} instead" if self.takes_weights and path.is_file() \
+                else "continue it with that lesson's script, or start fresh with another --output-dir"
+            raise CourseError(f"{path} is from another kind of run (lesson {saved['run'].get('lesson')!r} there, "
+                              f"{self.run['lesson']!r} here): --resume continues a run of the same lesson; {fix}")
         differ = [f"{k} {saved['run'].get(k)!r} there, {v!r} here" for k, v in self.run.items()
                   if saved["run"].get(k) != v]
         if differ:

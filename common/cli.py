@@ -56,11 +56,48 @@ fraction = _number(float, 0, False, 1, example=", e.g. 0.99")
 decay = _number(float, 0, False, 1, example=", e.g. 0.7")
 
 
+def course_folder() -> Path | None:
+    """The course folder of the lesson script that runs (COURSE/NN_lesson/...), or None for anything else."""
+    script = getattr(sys.modules.get("__main__"), "__file__", None)  # none in a notebook or an interactive session
+    path = Path(script).resolve() if script else None
+    course = next((p for p in path.parents if (p / "common").is_dir() and (p / "01_setup").is_dir()), None) \
+        if path else None
+    lesson = path.relative_to(course).parts[0] if course else ""
+    return course if lesson[:2].isdigit() and lesson[2:3] == "_" else None  # not pytest in COURSE/.venv, say
+
+
+def work_in_course_folder() -> None:
+    """Make every relative path (data/, runs/, and those given in flags or --config) the course folder's.
+
+    A lesson started from inside its own folder, or from anywhere else, then reads and writes where the
+    pages say, and never creates a second data/ or runs/ beside the script. The folder is the script's own
+    course, not the one `common` happens to be imported from (another clone may be pip-installed).
+    """
+    course = course_folder()
+    try:
+        here = Path.cwd()
+    except FileNotFoundError:  # the folder was deleted under the shell
+        here = None
+    if course is None or here == course:  # not a course script (e.g. a test calling main()), or already there
+        return
+    os.chdir(course)
+    if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+        print(f"working in the course folder {course}: relative paths (data/, runs/, yours) are read there",
+              flush=True)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, with no abbreviations (--data is not --data-dir) and mistakes reported on one line."""
+    """argparse, with no abbreviations (--data is not --data-dir) and mistakes reported on one line.
+
+    Relative paths mean the course folder's, whatever the working directory (work_in_course_folder).
+    """
 
     def __init__(self, **kwargs):
         super().__init__(allow_abbrev=False, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        work_in_course_folder()  # before any path is read, --config FILE included
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         raise CourseError(f"{message} (see {Path(self.prog).name} --help)")
@@ -118,7 +155,9 @@ def base_parser(lesson: str, description: str) -> Parser:
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="torch.compile the model; the first steps pay for compiling (default: off; BACKEND: inductor, "
                         "or aot_eager to check the graphs quickly)")
-    p.add_argument("--amp", action="store_true", help="bfloat16 autocast for forward passes")
+    p.add_argument("--amp", nargs="?", const="auto", default=None, choices=["auto", "bf16", "fp16"],
+                   help="autocast the forward passes: bf16 where the device runs bfloat16 natively, else fp16 with "
+                        "gradient scaling (--amp alone: auto) (default: off, float32)")
     p.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard event files to OUTPUT_DIR/tensorboard (pip install tensorboard)")
     p.add_argument("--width", type=positive_int, default=1,
@@ -165,12 +204,14 @@ def _apply_config(parser: Parser, path: str) -> None:
             hint = f": did you mean {close[0].replace('_', '-')}?" if close else ": see --help for the flags"
             raise CourseError(f"--config {path}: unknown key {key!r}{hint}")
         action = actions[dest]
+        if isinstance(value, bool) and action.nargs == "?":  # `amp: true`: the bare flag; `amp: false`: not given
+            value = action.const if value else action.default
         if value is not None and action.type is not None and not isinstance(value, bool):
             try:
                 value = action.type(str(value))
             except argparse.ArgumentTypeError as exc:
                 raise CourseError(f"--config {path}: {key}: {exc}") from None
-        if action.choices is not None and value not in action.choices:
+        if action.choices is not None and value not in action.choices and value != action.default:  # amp: null
             raise CourseError(f"--config {path}: {key}: {value!r} is not one of {', '.join(map(str, action.choices))}")
         defaults[dest] = value
     parser.set_defaults(**defaults)

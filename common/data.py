@@ -70,10 +70,13 @@ def _idx_problem(path: Path) -> str | None:
 
 
 def _missing_error(raw: Path, reason: str) -> CourseError:
+    """The fix for a machine without internet too: the four .gz files, copied by hand (prepare_data extracts them)."""
+    files = [f"{name}.gz" for name in RAW_FILES]
     return CourseError(
-        f"MNIST not found in {raw} ({one_line(reason)}): check --data-dir, or run `python 01_setup/download_mnist.py "
-        f"--data-dir {raw.parent.parent}` on a machine with internet (offline: train with --data synthetic, "
-        f"or `download_mnist.py --synthetic`)")
+        f"MNIST not found in {raw} ({one_line(reason)}): check --data-dir; without internet, copy "
+        f"{', '.join(files[:-1])} and {files[-1]} into {raw}/ from a machine with internet (`python "
+        f"01_setup/download_mnist.py` leaves them in data/MNIST/raw/ of the course there) and run again, "
+        f"or train with --data synthetic")
 
 
 def _extract_gz(gz: Path, dest: Path) -> None:

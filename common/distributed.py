@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from common.errors import CourseError
+from common.gpus import nvidia_smi, slurm_gpus, why_no_gpu
 from common.hostlist import expand_hostlist
-from common.launcher import free_port
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -91,6 +92,13 @@ def detect_launch(environ=None) -> LaunchEnv:
     return LaunchEnv("single", 0, 0, 1, 1)
 
 
+def free_port() -> int:
+    """Ask the OS for a free TCP port on this machine (MASTER_PORT of a plain `python script.py`)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launch_env(environ=None) -> LaunchEnv:
     """detect_launch(), then export what init_process_group's env:// reads (srun sets only SLURM_* names)."""
     env = os.environ if environ is None else environ
@@ -103,7 +111,8 @@ def launch_env(environ=None) -> LaunchEnv:
 
 
 def pick_device(requested: str = "auto", launch: LaunchEnv | None = None) -> torch.device:
-    """auto: a GPU if there is one, else the CPU. Which GPU comes from the LOCAL rank, never the global one.
+    """auto: a GPU if there is one, else the CPU; but never the CPU in a Slurm job that was given GPUs torch cannot
+    use (--device cpu still can). Which GPU comes from the LOCAL rank, never the global one.
 
     Under srun with --gpus-per-task=1 (or --gpu-bind) each task sees exactly ONE GPU, as cuda:0,
     whatever its local rank: then that GPU is the one.
@@ -111,6 +120,11 @@ def pick_device(requested: str = "auto", launch: LaunchEnv | None = None) -> tor
     launch = launch or LaunchEnv("single", 0, 0, 1, 1)
     if requested not in ("auto", "cpu", "cuda"):
         raise CourseError(f"unknown device {requested!r}: use auto, cpu or cuda")
+    if requested != "cpu" and not torch.cuda.is_available() and (allocated := slurm_gpus()):
+        # A GPU job must not train on the CPU unnoticed (10-50x slower): stop, and say why torch sees no GPU.
+        raise CourseError(f"Slurm gave this job GPUs ({allocated}) but torch cannot use them: "
+                          f"{why_no_gpu(*nvidia_smi())}; details: python 01_setup/check_env.py "
+                          "(--device cpu runs on the CPU anyway)")
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():

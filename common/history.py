@@ -16,6 +16,7 @@ import torch.distributed as dist
 from common.cli import args_to_dict
 from common.distributed import is_main_process
 from common.files import atomic_write
+from common.log import plural
 
 
 PLOT_EVERY_S = 30  # matplotlib takes ~1 s a figure (its import included): redraw curves.png at most this often, and when the run ends
@@ -86,7 +87,7 @@ class History:
         waited = self.rows[-1]["epoch"] - self.best_epoch if self.best_epoch else 0
         if patience and waited >= patience:
             if is_main_process():
-                print(f"early stopping: no better val_accuracy for {waited} epochs (--patience {patience})", flush=True)
+                print(f"early stopping: no better val_accuracy for {plural(waited, 'epoch')} (--patience {patience})", flush=True)
             return True
         return False
 
@@ -162,7 +163,8 @@ def plot_curves(record: dict, path: Path) -> None:
         ax_acc.legend()
     ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="accuracy")
     n = record["world_size"]
-    fig.suptitle(f"{record['lesson']}: {n} process{'es' if n != 1 else ''}, {record['device']}")
+    synthetic = ", SYNTHETIC digits (not MNIST)" if record["args"].get("data") == "synthetic" else ""
+    fig.suptitle(f"{record['lesson']}: {n} process{'es' if n != 1 else ''}, {record['device']}{synthetic}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -31,7 +31,6 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import socket
 import sys
 import time
 import traceback
@@ -44,13 +43,6 @@ class WorkerError(RuntimeError):
         super().__init__(f"rank {rank} failed: {message}")
         self.rank = rank
         self.worker_traceback = worker_traceback
-
-
-def free_port() -> int:
-    """Ask the OS for a free TCP port on this machine."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker_environment(rank: int, world_size: int, port: int, threads: int) -> dict[str, str]:

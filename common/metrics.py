@@ -1,11 +1,7 @@
-"""Metrics across ranks: all_reduce SUMS, then divide once.
+"""Metrics across ranks: every rank sums loss, correct and count, one all_reduce adds the sums, then divide once.
 
-The mean of per-rank means is wrong when ranks saw different numbers of examples (the last
-test shard is often smaller), so every rank sums loss, correct and count, one all_reduce adds
-the sums, and only then do we divide. ReduceOp.AVG would average the per-rank values, which is
-exactly that mean of means; it also refuses integer tensors on gloo ("result type Float can't be
-cast to the desired output type Long"; on float tensors it returns 1.5 for (1, 2), checked with
-torch 2.9.1 and 2.14.1). In a single process the all_reduce is skipped and the same code runs.
+Why SUM and divide, not ReduceOp.AVG: 01_setup/reference.md#why-sum-and-divide-not-reduceopavg.
+In a single process the all_reduce is skipped and the same code runs.
 """
 from __future__ import annotations
 

@@ -52,8 +52,10 @@ class Position:
         self._meter, self._partial = None, {}
 
     def state_dict(self) -> dict:
-        """A collective: every rank's random-number state travels to every rank (rank 0 saves them all)."""
-        mine = {"torch": torch.get_rng_state()}
+        """A collective: every rank's random state and loss sums travel to every rank (rank 0 saves them all)."""
+        # The sums of an interrupted epoch are this rank's own: each rank gets its own back on resume.
+        partial = self._meter.partial() if self._meter is not None and self.step else {}
+        mine = {"torch": torch.get_rng_state(), "partial": json.dumps(partial)}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             mine["cuda"] = torch.cuda.get_rng_state()
         states = [mine]
@@ -62,14 +64,18 @@ class Position:
             dist.all_gather_object(states, mine)
         buffer = io.BytesIO()
         torch.save(states, buffer)  # one opaque value: its length depends on the number of ranks
-        partial = self._meter.partial() if self._meter is not None and self.step else {}
-        return {"epoch": self.epoch, "step": self.step, "rng": buffer.getvalue(), "partial": json.dumps(partial)}
+        return {"epoch": self.epoch, "step": self.step, "rng": buffer.getvalue()}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.step = state["epoch"], state["step"]
-        self._partial = json.loads(state.get("partial") or "{}")
         states = torch.load(io.BytesIO(state["rng"]), weights_only=True)
+        partials = [json.loads(s["partial"]) for s in states]
         if len(states) == get_world_size():  # with another number of ranks, exact replay is impossible anyway
+            self._partial = partials[get_rank()]
             torch.set_rng_state(states[get_rank()]["torch"].cpu())
             if "cuda" in states[get_rank()] and torch.cuda.is_available():
                 torch.cuda.set_rng_state(states[get_rank()]["cuda"].cpu())
+        elif get_rank() == 0 and any(partials):  # rank 0 carries the interrupted epoch's sums of every old rank
+            self._partial = {"loss_sum": sum(p.get("loss_sum", 0.0) for p in partials),
+                             "count": sum(p.get("count", 0) for p in partials),
+                             "seconds": max(p.get("seconds", 0.0) for p in partials)}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import time
 from contextlib import contextmanager
 
@@ -12,21 +13,29 @@ from torch.profiler import ProfilerActivity, profile
 
 @contextmanager
 def profile_steps(device: torch.device, rows: int = 12):
-    """Profile the enclosed steps, then print the top operators and the share spent waiting for data."""
+    """Profile the enclosed steps, then print the top operators, two totals, and the share spent waiting for data."""
+    # Without this, the profiler's engine prints its start/stop lines (and, on a CUDA build of torch without a GPU,
+    # a harmless "gpuGetDeviceCount failed"). Set before the profiler starts, it works even after `import torch`.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    start = time.perf_counter()
     with profile(activities=activities, acc_events=True) as prof:
+        start = time.perf_counter()
         yield
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    wall = time.perf_counter() - start
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the GPU work these steps queued belongs to them
+        wall = time.perf_counter() - start  # the steps only: starting, stopping and sorting the events excluded
     events = prof.key_averages()
     sort_by = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     print(events.table(sort_by=sort_by, row_limit=rows), flush=True)
+    # The table's "Self CPU time total" sums every operator's self time (its own, minus the operators it calls),
+    # over all operators, not only the rows shown: time inside recorded operators, never the Python between them.
+    self_s = events.self_cpu_time_total / 1e6
     # The DataLoader's __next__ is recorded as "enumerate(DataLoader)#...": time the loop waited for a batch.
     data_s = sum(e.cpu_time_total for e in events if e.key.startswith("enumerate(DataLoader)")) / 1e6
-    print(f"profile: {wall:.2f} s in the profiled steps, {data_s:.2f} s ({100 * data_s / wall:.0f}%) "
-          f"waiting for the DataLoader, the rest in forward/backward/optimizer", flush=True)
+    print(f"profile: the profiled steps took {wall:.2f} s of wall-clock time, the profiler's recording included; "
+          f"{self_s:.2f} s were spent inside operators (the table's \"Self CPU time total\")", flush=True)
+    print(f"profile: {data_s:.2f} s ({100 * data_s / wall:.0f}% of the wall-clock time) waiting for the DataLoader, "
+          f"the rest in forward/backward/optimizer", flush=True)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -34,7 +43,7 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def warm_up(model, optimizer, train_loader, device: torch.device, args, steps: int = 2) -> float:
+def warm_up(model, optimizer, train_loader, device: torch.device, args, amp_dtype=None, steps: int = 2) -> float:
     """A few real training steps on random images, then everything put back; returns their seconds.
 
     The first steps of a fresh process pay one-off costs: CUDA loads each kernel on its first use,
@@ -57,7 +66,8 @@ def warm_up(model, optimizer, train_loader, device: torch.device, args, steps: i
             for _ in range(steps):
                 images = torch.randn(size, 1, 28, 28, generator=generator).to(device)
                 labels = torch.randint(0, 10, (size,), generator=generator).to(device)
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+                # --amp: the run's autocast dtype. No GradScaler: float16 gradients that overflow here are undone too.
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                     output = model(images)
                 F.nll_loss(output.float(), labels).backward()
                 optimizer.step()

@@ -4,10 +4,9 @@ A handler only writes down that a request came; the lesson decides WHERE to stop
 every rank must leave the training loop at the same step, so lessons 04 and 05 compare the ranks'
 requests with an all_reduce (their `stop_agreed`) and save a checkpoint there.
 
-Ctrl-C reaches the foreground processes of the terminal: a plain `python` run, or torchrun, which
-forwards it to its workers (torch starts them in sessions of their own). A second Ctrl-C within
-CTRL_C_REPEAT_S seconds counts as the same press; a later one stops at once (KeyboardInterrupt),
-without waiting for the checkpoint.
+A second Ctrl-C within CTRL_C_REPEAT_S seconds counts as the same press; a later one stops at once
+(KeyboardInterrupt), without waiting for the checkpoint. What a learner sees, under torchrun and on
+Slurm: docs/checkpoints.md.
 """
 from __future__ import annotations
 

@@ -13,9 +13,10 @@ from common.data import prepare_data
 # share one costly thing run on one worker, one after another: the Slurm cluster (one per machine) and a module's
 # module-scoped runs. The longest groups are handed out first, so no worker is left with a long tail.
 SLOW_FIRST = ["test_slurm_", "test_troubleshooting.py", "test_readme_walk.py", "test_fsdp_memory.py",
-              "test_bad_inputs.py", "test_reliability.py", "test_notebooks.py", "test_interrupts.py"]
-ONE_WORKER = {"test_bad_inputs.py", "test_fsdp_memory.py", "test_interrupts.py", "test_predict.py",
-              "test_troubleshooting.py"}
+              "test_bad_inputs.py", "test_reliability.py", "test_notebooks.py", "test_interrupts.py",
+              "test_early_stopping.py", "test_exercises_"]
+ONE_WORKER = {"test_bad_inputs.py", "test_early_stopping.py", "test_fsdp_memory.py", "test_interrupts.py",
+              "test_predict.py", "test_reliability.py", "test_troubleshooting.py"}
 
 
 def group(nodeid: str) -> str:

@@ -72,7 +72,8 @@ def one_step_with_lesson_train(lesson, width, mesh, batches, grad_accum, clip_gr
     args = lesson_args(output_dir, grad_accum, clip_grad)
     optimizer = make_optimizer(args, model.parameters())
     scheduler = make_scheduler(args, optimizer, steps_per_epoch=1)
-    lesson.train(args, model, torch.device("cpu"), batches, optimizer, scheduler, Position(), StopSignals(), None)
+    lesson.train(args, model, torch.device("cpu"), batches, optimizer, scheduler, Position(), StopSignals(), None,
+                 None, torch.amp.GradScaler("cpu", enabled=False))  # no --amp
     return full_state(model)
 
 

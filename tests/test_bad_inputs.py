@@ -1,15 +1,17 @@
-"""The bad-input matrix: every row of tests/bad_inputs.py, under plain python and under torchrun with 2 ranks.
+"""The bad-input matrix: every row of tests/bad_inputs.py under plain python, its TORCHRUN_ROWS under torchrun.
 
 How it stays inside its time budget (a subprocess per row would take ~5 s, a torchrun launch ~10 s):
-  * plain python: every row runs IN this process (bad_inputs.run_in_process: common.errors.run(main, argv),
-    SystemExit caught, output captured);
-  * torchrun: ONE launch of tests/bad_input_driver.py with 2 ranks runs every row in each worker and writes
-    per-rank results; it starts in the background as soon as the artifacts exist;
+  * plain python: every row runs IN this process (bad_input_runs.run_in_process: common.exits.run(main, argv),
+    SystemExit caught, output captured), against each lesson's own main() and so its own parser; one test per
+    lesson checks that parser has every shared flag with the shared checks;
+  * torchrun: ONE launch of tests/bad_input_driver.py with 2 ranks runs the rows where the ranks must agree
+    (13 rows, 6 process groups) in each worker and writes per-rank results; it starts in the background as
+    soon as the artifacts exist;
   * a few REAL launches (also in the background) prove the in-process verdicts match real processes: one
     argparse error, the used --output-dir, a typo'd --data-dir (plain python), and a checkpoint-level error
     after init_process_group (lesson 05 --init-from, torchrun with 2 ranks).
 
-What is accepted from torchrun's own output (torchrun_report_problems in bad_inputs.py): torchrun exits 1 and
+What is accepted from torchrun's own output (torchrun_report_problems in bad_input_runs.py): torchrun exits 1 and
 prints its ChildFailedError report, which holds exactly one traceback, every frame of it in torch/distributed
 (its launcher and elastic agent) or runpy. The course's processes print no traceback at all: their one
 `error:` line comes BEFORE torchrun's report; a worker other than the failing one exits 2 quietly, or 1 with
@@ -26,14 +28,15 @@ from pathlib import Path
 
 import pytest
 
-from bad_inputs import (LESSONS, ROOT, SCRIPTS, ZERO_ALLOWED, Context, build_table, lesson_parser, leftovers,
-                        make_artifacts, numeric_flags, prepare, problems, run_in_process, torchrun_report_problems)
+from bad_input_runs import (Context, leftovers, make_artifacts, prepare, problems, run_in_process,
+                            torchrun_report_problems)
+from bad_inputs import LESSONS, ROOT, SCRIPTS, ZERO_ALLOWED, build_table, lesson_parser, load_script, numeric_flags
 
 pytestmark = pytest.mark.timeout(300)  # the first test also pays for the module's setup (artifacts, launches)
 TABLE = build_table()
 ROWS = {case.id: case for case in TABLE}
 DRIVER = Path(__file__).resolve().parent / "bad_input_driver.py"
-DRIVER_DEADLINE_S = 300  # a safety net far above its ~30-60 s; the driver's own collectives time out after 30 s
+DRIVER_DEADLINE_S = 300  # a safety net far above its ~20-40 s; the driver's own collectives time out after 30 s
 REAL_DEADLINE_S = 120
 # (launcher, row): the rows launched for real as well, each judged like a learner's terminal would show it
 REAL_RUNS = [("python", "04-epochs-zero"), ("python", "02-used-output-dir"), ("python", "02-data-dir-typo"),
@@ -137,6 +140,19 @@ def test_every_numeric_flag_of_every_script_has_its_three_rows(matrix):
             assert {"--hsdp", "--init-from"} <= {s for a in lesson_parser("05")._actions for s in a.option_strings}
 
 
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_the_lesson_parser_has_every_shared_flag_with_the_shared_checks(lesson):
+    """base_parser's flags, each with the same type (range check), choices, default and arity in the lesson's own
+    parser: a mistake the shared parser refuses is refused by every lesson, whichever launcher started it."""
+    from common.cli import base_parser
+
+    mine = {action.dest: action for action in lesson_parser(lesson)._actions}
+    for shared in base_parser(load_script(lesson).LESSON, "")._actions:
+        assert shared.dest in mine, f"lesson {lesson} lacks {shared.option_strings}"
+        for attr in ("option_strings", "type", "choices", "default", "nargs", "const", "required"):
+            assert getattr(mine[shared.dest], attr) == getattr(shared, attr), (lesson, shared.dest, attr)
+
+
 @pytest.mark.parametrize("case", params("python"))
 def test_bad_input_under_plain_python(case, matrix):
     """A learner typed the row's command with `python SCRIPT ...` (run here, in-process, as its __main__ does)."""
@@ -161,26 +177,11 @@ def read_results(folder: Path) -> dict:
 def driver_results(matrix):
     launch = matrix["launches"]["driver"]
     code = launch.wait(DRIVER_DEADLINE_S)
-    rows = read_results(matrix["results"])
-    # The driver makes ~100 process groups one after the other in the same two processes, which no learner does.
-    # On a busy machine gloo's connectFullMesh of one such group was refused now and then (1 run in 3), before the
-    # row's own code ran: those rows, and only those, run once more in a fresh launch.
-    again = [row for row, results in rows.items() if "connectFullMesh" in json.dumps(results)]
-    if again:
-        retry = matrix["results"].parent / "retry"
-        retry.mkdir(exist_ok=True)
-        for row in again:
-            prepare(ROWS[row], matrix["ctx"]["torchrun"])
-        second = Launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                         str(DRIVER), matrix["ctx"]["torchrun"].to_json(), str(retry)],
-                        environment(DIST_TIMEOUT_SECONDS="30", BAD_INPUT_ROWS=",".join(again)), retry / "driver.log")
-        assert second.wait(DRIVER_DEADLINE_S) == 0, second.lines[-40:]
-        rows.update(read_results(retry))
-    return {"code": code, "rows": rows, "lines": launch.lines, "seconds": launch.seconds, "again": again}
+    return {"code": code, "rows": read_results(matrix["results"]), "lines": launch.lines, "seconds": launch.seconds}
 
 
 def test_the_torchrun_driver_ran_every_row_on_both_ranks(driver_results):
-    """One torchrun launch with 2 ranks ran the whole table in each worker and exited cleanly."""
+    """One torchrun launch with 2 ranks ran every torchrun row in each worker and exited cleanly."""
     expected = [case.id for case in TABLE if "torchrun" in case.modes]
     assert driver_results["code"] == 0, driver_results["lines"][-40:]
     assert sorted(driver_results["rows"]) == sorted(expected)

@@ -1,7 +1,7 @@
 """The benchmark harness: its CPU smoke mode end to end, and the page it writes from GPU-like rows.
 
 The smoke mode runs one tiny lesson script per suite (synthetic data, gloo); the GPU-only parts of the
-page (peak memory, the GPU-to-GPU path, the targets met or missed) are checked from hand-made rows,
+page (peak memory, the GPU-to-GPU path, the target met or missed) are checked from hand-made rows,
 since no GPU is available here.
 """
 import json
@@ -16,7 +16,7 @@ from lessons import ROOT
 sys.path.insert(0, str(ROOT))
 from benchmarks import report, tables  # noqa: E402
 
-SECTIONS = ("## Targets: 99% within 2.0 s of training on 1 GPU, 1.0 s on 2", "## Time to target per seed", "## The classic recipe", "## Large-batch scaling",
+SECTIONS = ("## Target: 99% test accuracy for every seed, on 1 and 2 GPUs", "## Time to target per seed", "## The classic recipe", "## Large-batch scaling",
             "## Throughput", "## DataParallel (lesson 03)", "## Memory per GPU")
 PLOTS = ("time_to_target", "accuracy", "throughput", "scaling", "memory")
 
@@ -104,12 +104,11 @@ def test_page_from_gpu_like_rows(tmp_path):
     assert page.startswith("# Benchmarks\n") and "real MNIST" in page and "synthetic" not in page
     for section in SECTIONS + ("## Failed runs",):
         assert section in page
-    targets = [line for line in page.splitlines() if line.startswith("| test accuracy >=") or line.startswith("| time to")]
-    assert len(targets) == 4
-    assert targets[0].endswith("**met** |") and "seed 3: 99.10%" in targets[0]      # 1 GPU accuracy
-    assert targets[1].endswith("**met** |") and "seed 3: 1.90 s" in targets[1]      # 1 GPU <= 2.0 s
-    assert targets[2].endswith("**missed** |") and "seed 2: 98.50%" in targets[2]   # 2 GPUs accuracy
-    assert targets[3].endswith("**missed** |") and "seed 2: -" in targets[3]        # 2 GPUs <= 1.0 s
+    targets = [line for line in page.splitlines() if line.startswith("| test accuracy >=")]
+    assert len(targets) == 2 and not any(line.startswith("| time to") for line in page.splitlines())  # no limit in s
+    assert targets[0].endswith("**met** |") and "seed 3: 99.10%" in targets[0]      # 1 GPU
+    assert targets[1].endswith("**missed** |") and "seed 2: 98.50%" in targets[1]   # 2 GPUs
+    assert "| 1.90 s |" in page and "| not reached |" in page  # each seed's time to 99%, in the per-seed table
     assert "no peer access" in page and "**TIMEOUT**" in page and "hang" in page
     assert "| 04 DDP | 2 | 512 | on-device | real MNIST |" in page and "| 1.67x |" in page
     assert all("| real MNIST |" in line for line in table_rows(page))

@@ -95,6 +95,20 @@ def test_resume_refuses_an_incompatible_run_naming_what_differs(tmp_path):
         CheckpointDir(args, "04").resume_from("auto")
 
 
+def test_resume_of_another_lessons_checkpoint_names_the_fix_not_the_flags(tmp_path):
+    lesson04 = run_args(tmp_path, sync_bn=False)
+    path = write(CheckpointDir(lesson04, "04_ddp_training"), lesson04, 1)
+    lesson05 = run_args(tmp_path / "05", init_from=None)  # only lesson 05 has --init-from, only 04 --sync-bn
+    with pytest.raises(CourseError) as info:
+        CheckpointDir(lesson05, "05_multigpu_fsdp_training", sharded=True).resume_from(str(path))
+    assert str(info.value) == (f"{path} is from another kind of run (lesson '04_ddp_training' there, "
+                               f"'05_multigpu_fsdp_training' here): --resume continues a run of the same lesson; "
+                               f"to start from its weights, use --init-from {path} instead")
+    with pytest.raises(CourseError, match="here\\): --resume continues a run of the same lesson; continue it with "
+                                          "that lesson's script, or start fresh with another --output-dir$"):
+        CheckpointDir(run_args(tmp_path / "02"), "02_singlegpu_training").resume_from(str(path))
+
+
 def test_resume_auto_skips_a_broken_newest_and_starts_fresh_when_empty(tmp_path, capsys):
     args = run_args(tmp_path)
     folder = CheckpointDir(args, "02")

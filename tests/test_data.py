@@ -242,6 +242,8 @@ def test_download_failure_names_the_fixes(tmp_path, http_folder, monkeypatch, wh
         prepare_data(tmp_path, "mnist")
     assert_one_line_fix(e.value, "--data synthetic", "download_mnist.py", "download failed")
     assert ("HTTP Error 404" if where == "404" else "Connection refused") in str(e.value)
+    # offline, the fix is by hand: which four files to copy, and into which folder
+    assert_one_line_fix(e.value, *(f"{name}.gz" for name in RAW_FILES), f"into {tmp_path / 'MNIST' / 'raw'}/")
     assert torchvision.datasets.MNIST.mirrors == mirrors
 
 

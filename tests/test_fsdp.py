@@ -47,11 +47,11 @@ def test_init_from_lesson_04_checkpoint_with_amp_and_clip(small, tmp_path):
     proc = run_script("05", *small, "--test-samples", 64, "--init-from", ckpt, "--lr", 1e-30, "--amp",
                       "--clip-grad", 0.5, "--output-dir", out, nproc=2)
     assert_clean(proc)
-    assert metrics(out)["args"]["amp"] is True and metrics(out)["epochs"][0]["test_samples"] == 64
+    assert metrics(out)["args"]["amp"] == "auto" and metrics(out)["epochs"][0]["test_samples"] == 64
     exported = torch.load(out / "model_full.pt", weights_only=True)
     assert all(torch.allclose(exported[k], v, rtol=0, atol=1e-20) for k, v in weights.items())  # lr 1e-30 x ~1
-    bad = run_script("05", *small, "--init-from", ckpt, "--width", 2, "--output-dir", tmp_path / "bad", nproc=2)
-    assert bad.returncode != 0 and "--init-from" in bad.stderr and "same --width" in bad.stderr
+    # A checkpoint of another --width is refused in one line: the bad-input matrix's real torchrun launch
+    # (tests/test_bad_inputs.py, row 05-init-from-other-width).
 
 
 def two_node_torchrun(args, timeout=240):

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bad_inputs import torchrun_report_problems
-from common.errors import run
+from bad_input_runs import torchrun_report_problems
+from common.exits import run
 from common.signals import CTRL_C_REPEAT_S, StopSignals
 from lessons import ROOT, SCRIPTS, assert_clean, metrics, run_script
 
@@ -201,7 +201,7 @@ SLOW_SAVE = f"""
 import sys, time
 sys.path[:0] = [{str(ROOT / 'tests')!r}]
 from bad_inputs import load_script
-from common.errors import run
+from common.exits import run
 lesson = load_script("02")
 save = lesson.save_checkpoint
 def save_slowly(*args, **kwargs):
@@ -237,7 +237,7 @@ def test_a_second_ctrl_c_during_the_checkpoint_stops_lesson_02_at_once(small, tm
 def test_stop_signals_counts_ctrl_c_twice_within_2_s_as_one_and_a_later_one_as_stop_now(monkeypatch, capsys):
     """In-process, on common.signals.StopSignals with a fake clock: Ctrl-C asks for a checkpoint; the copy torchrun
     forwards 1 s later is the same request; a Ctrl-C 2.5 s after the first raises KeyboardInterrupt, which
-    common.errors.run turns into one line and exit code 130."""
+    common.exits.run turns into one line and exit code 130."""
     clock = {"now": 1000.0}
     monkeypatch.setattr("common.signals.time", types.SimpleNamespace(monotonic=lambda: clock["now"]))
     reached, before = [], signal.getsignal(signal.SIGINT)

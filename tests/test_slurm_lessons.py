@@ -213,7 +213,8 @@ def jobs(slurm_cluster, synthetic_dir, tmp_path_factory):
         (workdir / "logs").mkdir()
         out_dir = workdir / "out"
         env = {**env, "OUTPUT_ROOT": str(workdir / "runs")}  # unused: the --output-dir below comes later
-        args = [] if name == "setup" else [
+        # The test nodes' GPUs are /dev/null: torch sees none, and a job given GPUs stops unless told --device cpu.
+        args = ["--device", "cpu"] if name == "setup" else [
             "--data", "synthetic", "--data-dir", synthetic_dir, "--train-samples", 512,
             "--test-samples", TEST_SAMPLES[name], "--epochs", 1, "--max-steps", 3, "--device", "cpu",
             "--num-workers", 0, "--output-dir", out_dir]
@@ -233,6 +234,8 @@ def jobs(slurm_cluster, synthetic_dir, tmp_path_factory):
 def test_01_setup_checks_env_then_collectives(slurm_cluster, jobs):
     log = completed(slurm_cluster, jobs["setup"])
     assert log.count("verdict: READY") == 1, log  # check_env.py once per node (1 node)
+    # the GPU check ran in a real job: Slurm's variables name GPUs that torch cannot use (--device cpu: a note)
+    assert re.search(r"^note \(--device cpu\): Slurm gave this job GPUs \(\S+\) but torch sees none: ", log, re.M), log
     assert "OK: all_reduce, broadcast, all_gather and barrier verified on 2 rank(s)" in log, log
     assert sorted(re.findall(r"rank \d of 2", log)) == ["rank 0 of 2", "rank 1 of 2"], log
     assert f"rendezvous {slurm_cluster.job_info(jobs['setup'].id)['NodeList']}:{20000 + jobs['setup'].id % 20000}" in log

@@ -14,6 +14,10 @@ parameters, reduced with MAX and MIN over the ranks; equal replicas give MAX == 
 import argparse
 import datetime
 import gc
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
 
 import torch
 import torch.distributed as dist

@@ -13,6 +13,10 @@ import argparse
 import datetime
 import gc
 import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
 
 import torch
 import torch.distributed as dist

@@ -13,7 +13,11 @@ fixes can be compared (--steps, --depth make the model longer).
 import argparse
 import datetime
 import gc
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
 
 import torch
 import torch.distributed as dist

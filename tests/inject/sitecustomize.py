@@ -21,7 +21,9 @@ if _SPEC and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
     import signal
     import sys
     import time
+    from pathlib import Path
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # THIS course's common, not an installed one
     import common.position
     from common.distributed import get_rank
 

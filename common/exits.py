@@ -1,0 +1,93 @@
+"""The exit policy of every course script: `run(main)` turns a failure a user can fix into ONE line and an exit code.
+
+    if __name__ == "__main__":
+        run(main)
+
+Exit 2 with `error: ...` for bad input (a CourseError, CUDA out of memory, a busy MASTER_PORT), 130 with one line
+for Ctrl-C outside a checkpointing stop, 1 with one line on a rank whose collective broke because another rank
+stopped first. Python bugs keep their traceback.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from common.distributed import get_rank
+from common.errors import CourseError, one_line
+
+_oom_advice = ""
+
+
+def on_out_of_memory(advice: str) -> None:
+    """What the one-line CUDA out-of-memory error of this run should add: the model's size and the way out."""
+    global _oom_advice
+    _oom_advice = advice
+
+
+def out_of_memory_line(exc: BaseException) -> str:
+    """`CUDA out of memory` as one line: which GPU, how full it was, and the advice the lesson registered."""
+    where = ""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        device = torch.cuda.current_device()
+        where = f" on cuda:{device} ({torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB were allocated)"
+    tried = str(exc).split(". ")[1] if ". " in str(exc) else ""  # e.g. "Tried to allocate 64.00 MiB"
+    advice = _oom_advice or "lower --batch-size, or shard the model with FSDP2 (lesson 05)"
+    return one_line(f"CUDA out of memory{where}{'; ' + tried if tried else ''}: {advice}", 400)
+
+
+def _port_in_use(exc: BaseException) -> bool:
+    text = str(exc)
+    return "EADDRINUSE" in text or "address already in use" in text.lower()
+
+
+def _is_communication_error(exc: BaseException) -> bool:
+    """A collective or the store failed: usually because another rank exited first."""
+    text = str(exc)
+    return isinstance(exc, (dist.DistError, ConnectionError)) or "Connection closed by peer" in text \
+        or "Timed out waiting" in text
+
+
+def run(main, argv=None) -> None:
+    """Call main(); every failure a user can fix becomes ONE line and a non-zero exit, not a wall of tracebacks.
+
+    Rank 0 prints `error: ...` (exit 2 for bad input); the other ranks, which meet the same problem or
+    lose their connection to the rank that stopped, leave quietly. Ctrl-C outside a checkpointing
+    stop prints one line (exit 130). Python bugs still print their traceback.
+    """
+    quiet = get_rank() != 0
+    code, line = 0, None
+    try:
+        main(argv)
+        # destroy_process_group() leaves gloo's last tensors to its worker threads; freeing them now, not
+        # during interpreter shutdown, avoids a "terminate called without an active exception" at exit.
+        gc.collect()
+    except CourseError as exc:
+        code, line = 2, f"error: {exc}"
+    except torch.OutOfMemoryError as exc:
+        code, line = 2, f"error: {out_of_memory_line(exc)}"
+    except KeyboardInterrupt:
+        code, line = 130, ("interrupted (Ctrl-C): the epoch in progress is lost; continue from the last "
+                           "checkpoint with the same command and --resume auto")
+    except Exception as exc:
+        if _port_in_use(exc):
+            port, addr = os.environ.get("MASTER_PORT"), os.environ.get("MASTER_ADDR")
+            code, line = 2, (f"error: MASTER_PORT {port} is already in use on {addr}: pick another, e.g. "
+                             f"MASTER_PORT={port and int(port) + 1} (torchrun: --master_port or --rdzv_endpoint)")
+        elif _is_communication_error(exc):  # usually another rank exited first: its own error says why
+            code, line, quiet = 1, (f"rank {get_rank()}: stopping, a collective failed, most likely because another "
+                                    f"rank stopped first (see its error) ({one_line(exc, 120)})"), False
+        else:
+            raise
+    # Leave no group behind: a notebook may call main() again. After a broken collective (code 1) only a gloo
+    # group is destroyed; an NCCL one may wait in its shutdown for a peer that is gone, and the process exits anyway.
+    if dist.is_initialized() and (code in (2, 130) or (code == 1 and dist.get_backend() == "gloo")):
+        dist.destroy_process_group()
+        gc.collect()
+    if line and not quiet:
+        print(line, file=sys.stderr, flush=True)
+    if code:
+        sys.exit(code)

@@ -1,0 +1,319 @@
+"""Walk a page of the course as a learner does, and check that it shows what its commands print.
+
+    .venv/bin/python tests/walk.py 04_ddp_training/README.md --print   # each block's real output, to paste
+    .venv/bin/python tests/walk.py                                    # every page (tests/test_readme_walk.py)
+
+The pages: README.md, then each lesson's README.md and reference.md. Each page is walked on its own, in a
+fresh copy of the course (the files git tracks or would track: no runs/, no data/), from the course folder,
+with the learner's environment (the venv first on PATH, OMP_NUM_THREADS unset, PYTHONUNBUFFERED=1). Real
+MNIST goes to data/MNIST/raw when it can be found ($MNIST_DIR, else ../shared/data/mnist next to the course:
+a folder holding MNIST/raw); without it, the blocks that train on it are skipped, and say so.
+
+Every ```bash block runs exactly as written (bash -euo pipefail), one after the other, except: a block whose
+first line is a comment naming GPUs, Slurm, a cluster or the internet (left to their own tests), `make test`
+lines (this walk is part of it), and `diff` lines, which get `|| true` (differing is their point). The ```text
+(or bare ```) block right after it is what it shows. The block must exit 0, or fail when it shows `error:`
+(or print that error and handle it itself: `cmd || echo "exit code $?"`).
+Every shown line that starts with a word the scripts print (CHECKED) must equal a printed line, once times,
+rates, hosts, ports, pids and temporary paths are masked (MASKS); `...` inside a line stands for elided text.
+A block that prints more such lines than it shows must show a `...` line.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = Path(sys.prefix)  # the venv this runs in: the learner's, after `source .venv/bin/activate`
+RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+BLOCK_TIMEOUT_S = 300  # a block should take ~15 s on a 2-core laptop; this only stops a hang
+
+LEFT_OUT = re.compile(r"^#.*\b(GPUs?|Slurm|cluster|internet)\b", re.IGNORECASE)
+# Commands that read real MNIST: a lesson's training script, predict.py, the download, `make demo`.
+READS_MNIST = re.compile(r"(\bmnist_\w+\.py|\bpredict\.py|\bdownload_mnist\.py|\bmake\s+demo)\b")
+SYNTHETIC = re.compile(r"--data[ =]synthetic\b|--synthetic\b")
+CHECKED = ("epoch ", "resume:", "lesson 0", "error:", "OK:", "preempted:", "target accuracy", "nothing to train",
+           "[rank ", "rank ", "verdict", "interrupted", "early stopping", "best epoch", "stopped by", "profile:",
+           "wrote ", "accuracy ", "mnist ready", "synthetic ready", "train with:", "NOTICE:", "metrics:", "warning:")
+PROGRESS = re.compile(r"^epoch \d+: step \d+/\d+$")  # printed every 30 s of an epoch: how many depends on the machine
+MASKS = [  # what differs between two runs of the same command; order matters (rates before times)
+    (re.compile(r"/tmp/\S+"), "<tmp>"),
+    (re.compile(r"\d[\d,]*(\.\d+)? ?(img|images|samples|steps|it|tokens|[KMGT]i?B)/s\b"), "<rate>"),
+    (re.compile(r"\b\d+:\d\d(:\d\d)?(\.\d+)?\b"), "<clock>"),
+    (re.compile(r"\b\d+(\.\d+)? ?(ms|us|µs|s|sec|seconds|min)\b"), "<time>"),
+    (re.compile(r"\b\d{8}-\d{6}\b"), "<date>"),
+    (re.compile(r"\bhost \S+"), "host <host>"),
+    (re.compile(r"(?i)(?<![a-z])(master_port|port|pid)([ =:]+)\d+"), r"\1\2<n>"),
+    (re.compile(r"(?<=:)\d{4,5}\b"), "<port>"),
+]
+
+
+@dataclass
+class Block:
+    line: int  # of the ```bash fence in the page
+    commands: str
+    shown: str | None  # the output block right after it, if any
+
+
+@dataclass
+class Outcome:
+    block: Block
+    status: str  # ok | failed | skipped | left out
+    seconds: float = 0.0
+    output: str = ""
+    problems: list[str] = field(default_factory=list)
+
+
+def pages(course: Path = ROOT) -> list[str]:
+    """README.md, then each lesson folder's README.md and reference.md, in course order."""
+    found = ["README.md"] if (course / "README.md").is_file() else []
+    for lesson in sorted(p for p in course.glob("0*") if p.is_dir()):
+        found += [f"{lesson.name}/{name}" for name in ("README.md", "reference.md") if (lesson / name).is_file()]
+    return found
+
+
+def blocks(text: str) -> list[Block]:
+    fences = list(re.finditer(r"^```(\w*)[^\n]*\n(.*?)^```", text, re.M | re.S))
+    found = []
+    for i, fence in enumerate(fences):
+        if fence.group(1) != "bash":
+            continue
+        nxt = fences[i + 1] if i + 1 < len(fences) else None
+        shown = nxt.group(2) if nxt and nxt.group(1) in ("", "text") and not text[fence.end():nxt.start()].strip() \
+            else None
+        found.append(Block(text.count("\n", 0, fence.start()) + 1, fence.group(2), shown))
+    return found
+
+
+def as_run(commands: str) -> str:
+    """The block as the walk runs it: without `make test`, with `diff` allowed to differ."""
+    commands = re.sub(r"^make test\b.*$", "", commands, flags=re.M)
+    return re.sub(r"^(diff [^\n]*?[^\\\n])(\s+#[^\n]*)?$", r"\1 || true\2", commands, flags=re.M)
+
+
+def reads_real_mnist(commands: str) -> bool:
+    """Whether a command of the block trains on (or downloads) real MNIST: no --data synthetic on its line."""
+    joined = re.sub(r"\\\n", " ", commands)
+    return any(READS_MNIST.search(line) and not SYNTHETIC.search(line)
+               for line in joined.splitlines() if not line.lstrip().startswith("#"))
+
+
+def mask(line: str) -> str:
+    line = line.rstrip()
+    for pattern, replacement in MASKS:
+        line = pattern.sub(replacement, line)
+    return line
+
+
+def compare(shown: str, printed: str) -> list[str]:
+    """What is wrong with a shown output block, given what its commands printed ([]: nothing)."""
+    out = [mask(line) for line in printed.splitlines()]
+    available = [line for line in out if line.startswith(CHECKED) and not PROGRESS.match(line)]
+    printed_checked = len(available)
+    problems, shown_checked = [], 0
+    for line in shown.splitlines():
+        if not line.startswith(CHECKED):
+            continue
+        shown_checked += 1
+        want = mask(line)
+        pattern = _pattern(want)
+        match = next((i for i, real in enumerate(available) if pattern.fullmatch(real)), None)
+        if match is None:
+            close = difflib.get_close_matches(want, available, n=1, cutoff=0)
+            problems.append(f"shows      {line.rstrip()}\n  printed no such line" +
+                            (f"; the closest (masked) is\n             {close[0]}" if close else ""))
+        else:
+            available.pop(match)
+    if printed_checked > shown_checked and not any(line.strip() == "..." for line in shown.splitlines()):
+        problems.append(f"a block that shows fewer lines than are printed says so: it shows {shown_checked} of the "
+                        f"{printed_checked} checked lines printed and has no `...` line")
+    return problems
+
+
+def _pattern(masked: str) -> re.Pattern:
+    """A masked shown line as a pattern: literal, but `...` stands for any text."""
+    return re.compile(".*".join(map(re.escape, masked.split("..."))))
+
+
+def find_mnist(course: Path = ROOT) -> Path | None:
+    """The MNIST/raw folder of $MNIST_DIR, else of ../shared/data/mnist, if it holds the four files (.gz or not)."""
+    for base in (os.environ.get("MNIST_DIR"), course.parent / "shared" / "data" / "mnist"):
+        raw = Path(base) / "MNIST" / "raw" if base else None
+        if raw and all((raw / name).is_file() or (raw / f"{name}.gz").is_file() for name in RAW_FILES):
+            return raw
+    return None
+
+
+def copy_course(course: Path, dest: Path) -> Path:
+    """The course as a fresh clone would have it: the files git tracks or would track (not ignored)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=course,
+                            capture_output=True)
+    if listed.returncode == 0 and listed.stdout:
+        for name in filter(None, listed.stdout.decode().split("\0")):
+            src = course / name
+            if src.is_file():  # a tracked file deleted in the working tree is gone from the next commit too
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / name)
+    else:  # not a git checkout (e.g. an unpacked archive)
+        shutil.copytree(course, dest, ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "runs", "data", "logs", "outputs", "__pycache__", ".pytest_cache", "*.egg-info"))
+    return dest
+
+
+def prepare(course: Path, dest: Path, mnist: Path | None) -> dict:
+    """A fresh copy of the course at dest, and the environment its blocks run in."""
+    copy_course(course, dest)
+    if mnist:
+        raw = dest / "data" / "MNIST" / "raw"
+        raw.mkdir(parents=True)
+        for item in mnist.iterdir():
+            shutil.copyfile(item, raw / item.name)  # copyfile: writable copies of read-only files
+    (dest / ".venv").symlink_to(VENV)  # what `make setup` made; `make` targets use .venv/bin/...
+    if (dest / "pyproject.toml").exists():  # older than the venv's stamp: `make` must not reinstall into the venv
+        os.utime(dest / "pyproject.toml", (0, 0))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "WORKSHOP_DATA_DIR", "MNIST_MIRROR", "NOTEBOOK_OUTPUT_DIR", "PYTHONHOME")}
+    env.update(PATH=f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(VENV),
+               PYTHONPATH=str(dest), PYTHONUNBUFFERED="1")
+    return env
+
+
+def run_block(commands: str, cwd: Path, env: dict, timeout: float) -> tuple[int, str]:
+    """bash -euo pipefail, stdout and stderr as the terminal shows them; a hang is killed with its children."""
+    proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", commands], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *_descendants(proc.pid)]:  # torchrun starts its workers in sessions of their own
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out = ""
+        return -9, (out or "") + f"\n(the walk stopped the block after {timeout:.0f} s)"
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` (Linux /proc; elsewhere none), found before any of them is killed."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def check(block: Block, code: int, out: str) -> list[str]:
+    shown = block.shown or ""
+    problems = []
+    expect_error = any(line.startswith("error:") for line in shown.splitlines())
+    handled = "||" in block.commands  # `cmd || echo "exit code $?"`: the block itself shows the failure
+    if (code != 0 and not expect_error) or (code == 0 and expect_error and not handled):
+        problems.append(f"exit {code}, but the page shows {'an error' if expect_error else 'no error'}")
+    # torchrun reports a failed worker with a traceback of its own (ChildFailedError); any other is a crash
+    tracebacks = out.count("Traceback (most recent call last)") - len(re.findall(r"^\S*ChildFailedError:", out, re.M))
+    printed = [mask(line) for line in out.splitlines()]
+    shows_crash = "Traceback" in shown or any(  # or the exception line that ends it, e.g. `[rank0]: RuntimeError: ...`
+        "Error" in line and not line.startswith("error:") and any(_pattern(mask(line)).fullmatch(real) for real in printed)
+        for line in shown.splitlines())
+    if tracebacks > 0 and not shows_crash:
+        problems.append("a traceback the page does not show")
+    warning = re.search(r"^.*\b\w*Warning: .*$", out, re.M)
+    if warning and warning.group(0).strip() not in shown:
+        problems.append(f"a Python warning the page does not show: {warning.group(0).strip()}")
+    return problems + (compare(shown, out) if block.shown is not None else [])
+
+
+def walk_page(page: Path, course: Path = ROOT, workdir: Path | None = None, mnist: Path | None = None,
+              timeout: float = BLOCK_TIMEOUT_S, report=None) -> list[Outcome]:
+    """Run every block of `page` (a path inside `course`) in a fresh copy of the course under `workdir`."""
+    with tempfile.TemporaryDirectory(prefix="walk-", dir=workdir) as tmp:
+        copy = Path(tmp) / "course"
+        env = prepare(course, copy, mnist)
+        outcomes, skipped_at = [], None
+        for block in blocks((copy / page.relative_to(course)).read_text()):
+            commands = as_run(block.commands)
+            if not commands.strip() or LEFT_OUT.match(block.commands.strip()):
+                outcome = Outcome(block, "left out")
+            elif mnist is None and reads_real_mnist(commands):
+                outcome = Outcome(block, "skipped", problems=["trains on real MNIST, which is not here "
+                                                              "(set MNIST_DIR to a folder holding MNIST/raw)"])
+                skipped_at = skipped_at or block.line
+            else:
+                start = time.monotonic()
+                code, out = run_block(commands, copy, env, timeout)
+                outcome = Outcome(block, "ok", time.monotonic() - start, out, check(block, code, out))
+                if outcome.problems:
+                    outcome.status = "failed"
+                    if skipped_at:  # it may need what the skipped block would have written
+                        outcome.status = "skipped"
+                        outcome.problems.append(f"an earlier block (line {skipped_at}) was skipped: no real MNIST")
+            outcomes.append(outcome)
+            if report:
+                report(outcome)
+    return outcomes
+
+
+def describe(page: str, outcome: Outcome) -> str:
+    head = f"{page}:{outcome.block.line}: {outcome.status}" + (f" ({outcome.seconds:.1f} s)" if outcome.seconds else "")
+    if outcome.status == "ok":
+        return head
+    detail = "\n".join(f"  {p}" for p in outcome.problems)
+    if outcome.status == "failed":
+        detail += f"\n  the block:\n{_indent(outcome.block.commands)}  printed:\n{_indent(outcome.output[-3000:])}"
+    return f"{head}\n{detail}" if detail.strip() else head
+
+
+def _indent(text: str) -> str:
+    return "".join(f"    {line}\n" for line in text.rstrip().splitlines())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Walk pages of the course: run their blocks, compare outputs.")
+    parser.add_argument("pages", nargs="*", help="pages, relative to the course folder (default: every page)")
+    parser.add_argument("--print", action="store_true", help="print each block and its real output, to paste")
+    parser.add_argument("--timeout", type=float, default=BLOCK_TIMEOUT_S, help="seconds a block may take")
+    args = parser.parse_args(argv)
+    mnist = find_mnist()
+    print(f"real MNIST: {mnist or 'not found (set MNIST_DIR): its blocks are skipped'}")
+    failed = 0
+    for page in args.pages or pages():
+        start = time.monotonic()
+
+        def report(outcome, page=page):
+            if args.print and outcome.status != "left out":
+                print(f"--- {page}:{outcome.block.line}\n$ {outcome.block.commands.rstrip()}\n{outcome.output.rstrip()}")
+            print(describe(page, outcome), flush=True)
+
+        outcomes = walk_page((ROOT / page).resolve(), ROOT, mnist=mnist, timeout=args.timeout, report=report)
+        counts = {s: sum(o.status == s for o in outcomes) for s in ("ok", "failed", "skipped", "left out")}
+        failed += counts["failed"]
+        print(f"== {page}: " + ", ".join(f"{n} {s}" for s, n in counts.items()) +
+              f" in {time.monotonic() - start:.1f} s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
