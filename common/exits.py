@@ -47,8 +47,8 @@ def _port_in_use(exc: BaseException) -> bool:
 def _is_communication_error(exc: BaseException) -> bool:
     """A collective or the store failed: usually because another rank exited first."""
     text = str(exc)
-    return isinstance(exc, (dist.DistError, ConnectionError)) or "Connection closed by peer" in text \
-        or "Timed out waiting" in text
+    return isinstance(exc, (dist.DistError, ConnectionError)) or "Timed out waiting" in text \
+        or "Connection closed by peer" in text or "Connection reset by peer" in text
 
 
 def run(main, argv=None) -> None:
