@@ -25,7 +25,7 @@ def test_ex1_exact_mean_against_the_mean_of_means():
     ranks = re.findall(r"^\[rank (\d)\] (\d) values?, local mean (\S+)$", proc.stdout, re.M)
     assert sorted(ranks) == [("0", "1", "1.0000"), ("1", "2", "2.0000"), ("2", "3", "3.0000")]
     assert "exact mean (SUM of sums / SUM of counts): 2.3333 over 6 values\n" in proc.stdout  # 14 / 6
-    assert "mean of the per-rank means (ReduceOp.AVG over 3 ranks): 2.0000\n" in proc.stdout  # (1 + 2 + 3) / 3
+    assert "mean of the per-rank means (their SUM / 3 ranks): 2.0000\n" in proc.stdout  # (1 + 2 + 3) / 3
 
 
 def test_ex2_broadcast_from_the_last_rank_and_the_check_that_must_follow(tmp_path):

@@ -5,7 +5,8 @@ From the course folder:
 
 Rank r holds r + 1 values, each equal to r + 1 (rank 0: [1], rank 1: [2, 2], rank 2: [3, 3, 3]), as the last
 shard of a data set is often smaller than the others. The exact mean takes ONE all_reduce(SUM) of (sum, count)
-and one division at the end. ReduceOp.AVG of the per-rank means weighs every rank the same, whatever it holds.
+and one division at the end. The average of the per-rank means (what ReduceOp.AVG would return) weighs every rank
+the same, whatever it holds.
 """
 import sys
 from pathlib import Path
@@ -32,10 +33,11 @@ def main(argv=None):
     exact = (totals[0] / totals[1]).item()
 
     mean_of_means = values.mean()
-    dist.all_reduce(mean_of_means, op=dist.ReduceOp.AVG)  # on gloo: a SUM, then divided by the world size
+    dist.all_reduce(mean_of_means, op=dist.ReduceOp.SUM)
+    mean_of_means /= dist.get_world_size()  # the average of averages: every rank counts the same
     if rank == 0:
         write_line(f"exact mean (SUM of sums / SUM of counts): {exact:.4f} over {plural(int(totals[1]), 'value')}")
-        write_line(f"mean of the per-rank means (ReduceOp.AVG over {plural(dist.get_world_size(), 'rank')}): "
+        write_line(f"mean of the per-rank means (their SUM / {plural(dist.get_world_size(), 'rank')}): "
                    f"{mean_of_means.item():.4f}")
     dist.destroy_process_group()
 
