@@ -1,7 +1,7 @@
 """THE table of learner mistakes, and how one row runs in-process and is judged. One place: a new flag gets rows.
 
-Every lesson script (02-05, and 01's download_mnist.py; hello_distributed.py and check_env.py take no flags)
-gets the same mistakes, each run once in-process as `python SCRIPT ...` would run it:
+Every lesson script (02-05, and 01's download_mnist.py; hello_distributed.py and check_env.py: their one flag,
+--device) gets the same mistakes, each run once in-process as `python SCRIPT ...` would run it:
 
   values         zero, a negative and a non-number for EVERY numeric flag of the script's own parser, a
                  typo'd flag, a choice out of range, a typo'd --compile backend, --patience without
@@ -40,7 +40,8 @@ from dataclasses import dataclass, replace
 
 from lessons import ROOT, SCRIPTS as LESSON_SCRIPTS
 
-SCRIPTS = {**{k: v for k, v in LESSON_SCRIPTS.items() if k != "01"}, "download": ROOT / "01_setup" / "download_mnist.py"}
+SCRIPTS = {**{k: v for k, v in LESSON_SCRIPTS.items() if k != "01"}, "download": ROOT / "01_setup" / "download_mnist.py",
+           "check_env": ROOT / "01_setup" / "check_env.py", "hello": ROOT / "01_setup" / "hello_distributed.py"}
 LESSONS = ("02", "03", "04", "05")
 MODES = ("python", "torchrun")
 # The rows (by name, after the lesson number) that also run under torchrun in lessons 04 and 05 (see above).
@@ -257,8 +258,16 @@ def _download_rows() -> list[Case]:
     ]
 
 
+def _device_flag_rows() -> list[Case]:
+    """check_env.py and hello_distributed.py take one flag, --device: a choice out of range and a typo."""
+    return [row for script in ("check_env", "hello") for row in (
+        Case(f"{script}-device-gpu", script, "--device gpu", ("--device", "gpu"), needles=("invalid choice: 'gpu'",)),
+        Case(f"{script}-typo-flag", script, "--devise cpu", ("--devise", "cpu"),
+             needles=("unrecognized arguments: --devise",)))]
+
+
 def build_table() -> list[Case]:
-    rows = [row for lesson in LESSONS for row in _lesson_rows(lesson)] + _download_rows()
+    rows = [row for lesson in LESSONS for row in _lesson_rows(lesson)] + _download_rows() + _device_flag_rows()
     ids = [row.id for row in rows]
     assert len(ids) == len(set(ids)), "duplicate row ids"
     return rows

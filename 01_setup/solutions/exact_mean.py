@@ -5,7 +5,7 @@ From the course folder:
 
 Rank r holds r + 1 values, each equal to r + 1 (rank 0: [1], rank 1: [2, 2], rank 2: [3, 3, 3]), as the last
 shard of a data set is often smaller than the others. The exact mean takes ONE all_reduce(SUM) of (sum, count)
-and one division at the end. The average of the per-rank means (what ReduceOp.AVG would return) weighs every rank
+and one division at the end. The average of the per-rank means (what an averaging all_reduce returns) weighs every rank
 the same, whatever it holds.
 """
 import sys
