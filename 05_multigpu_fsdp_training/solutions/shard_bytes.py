@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from common.errors import CourseError
 from common.exits import run
+from common.log import write_line
 from common.model import Net, count_parameters
 
 LESSON = Path(__file__).resolve().parents[1] / "mnist_fsdpmodel.py"
@@ -68,11 +69,10 @@ def main(argv=None):
             "steps": sum(nbytes(s["step"]) for s in states)}  # one 0-dim tensor per parameter, a plain tensor
     held["expected"] = sum(my_rows(p.shape[0], rank, world) * p.shape[1:].numel() * 4 for p in params)  # fp32 rows
     step = states[0]["step"]
-    print(f"[rank {rank}] fc1.weight rows {model.fc1.weight.to_local().shape[0]} of {model.fc1.weight.shape[0]}, "
-          f"fc2.weight rows {model.fc2.weight.to_local().shape[0]} of 10 | params {held['params']:,} B | "
-          f"grads {held['grads']:,} B | exp_avg + exp_avg_sq {held['moments']:,} B | step counters "
-          f"{held['steps']} B ({type(step).__name__}, shape {tuple(step.shape)}, {step.dtype}, {step.device})",
-          flush=True)
+    write_line(f"[rank {rank}] fc1.weight rows {model.fc1.weight.to_local().shape[0]} of {model.fc1.weight.shape[0]}, "
+               f"fc2.weight rows {model.fc2.weight.to_local().shape[0]} of 10 | params {held['params']:,} B | "
+               f"grads {held['grads']:,} B | exp_avg + exp_avg_sq {held['moments']:,} B | step counters "
+               f"{held['steps']} B ({type(step).__name__}, shape {tuple(step.shape)}, {step.dtype}, {step.device})")  # one write: ranks never interleave
 
     everyone = [None] * world
     dist.all_gather_object(everyone, held)
