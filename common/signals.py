@@ -73,6 +73,8 @@ def requeue_slurm_job() -> str:
     if not job or not shutil.which("scontrol"):
         return "not a Slurm job: restart it yourself with --resume auto"
     result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-    if result.returncode != 0:
+    # Slurm accepts the requeue and at once ends the job's processes, scontrol too when it has not exited
+    # yet: killed by a signal (a negative return code) means the requeue is under way, not that it failed.
+    if result.returncode > 0:
         return f"scontrol requeue {job} failed: {result.stderr.strip()} (is the job submitted with --requeue?)"
     return f"requeued Slurm job {job}"
