@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
 
 from common.cli import Parser
-from common.data import dataset_root, default_data_dir, prepare_data, raw_folder
+from common.download import dataset_root, default_data_dir, prepare_data, raw_folder
 from common.exits import run
 
 

@@ -4,8 +4,11 @@ This is the baseline every later lesson changes as little as possible. From the 
     python 02_singlegpu_training/mnist_singlegpu.py --train-samples 2000 --test-samples 1000 \
         --epochs 2 --num-workers 0 --output-dir runs/02-first
 """
+import os
 import signal
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
@@ -16,9 +19,11 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from common.amp import autocast_dtype
 from common.checkpoints import CheckpointDir
-from common.cli import base_parser, parse, save_config
+from common.cli import base_parser, parse
+from common.config import save_config
 from common.data import load_mnist
 from common.distributed import pick_device
+from common.early_stopping import should_stop
 from common.exits import run
 from common.files import atomic_save
 from common.history import History
@@ -28,8 +33,8 @@ from common.metrics import EpochMeter
 from common.model import Net, model_flags
 from common.optim import make_optimizer, make_scheduler
 from common.position import Position, steps_per_epoch
-from common.profiling import profile_steps, warm_up
 from common.signals import StopSignals
+from common.warmup import warm_up
 
 LESSON = "02_singlegpu_training"
 
@@ -71,6 +76,28 @@ def test(args, model, device, test_loader, amp_dtype):
         loss_sum = F.nll_loss(output.float(), target, reduction="sum")
         meter.update(loss_sum, (output.argmax(dim=1) == target).sum(), len(data))
     return meter.reduce()
+
+
+@contextmanager
+def profile_steps(device, rows=12):
+    """--profile: torch.profiler around the enclosed steps, then the top operators and where the wall time went."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # keeps the profiler engine's own start/stop lines quiet
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities, acc_events=True) as prof:
+        start = time.perf_counter()
+        yield
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the GPU work these steps queued belongs to them
+        wall = time.perf_counter() - start  # the steps only: starting, stopping and sorting the events excluded
+    events = prof.key_averages()
+    print(events.table(sort_by=f"{device.type}_time_total", row_limit=rows), flush=True)
+    # "Self CPU time total" sums every operator's own time: time inside operators, never the Python between them.
+    # The DataLoader's __next__ is recorded as "enumerate(DataLoader)#...": the time the loop waited for a batch.
+    data_s = sum(e.cpu_time_total for e in events if e.key.startswith("enumerate(DataLoader)")) / 1e6
+    print(f"profile: the profiled steps took {wall:.2f} s of wall-clock time, the profiler's recording included; "
+          f"{events.self_cpu_time_total / 1e6:.2f} s were spent inside operators (the table's \"Self CPU time total\")", flush=True)
+    print(f"profile: {data_s:.2f} s ({100 * data_s / wall:.0f}% of the wall-clock time) waiting for the DataLoader, "
+          f"the rest in forward/backward/optimizer", flush=True)
 
 
 def make_loader(args, dataset, batch_size, sampler, device):
@@ -158,7 +185,7 @@ def main(argv=None):
             path = checkpoints.path(position)
             save_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints)
             checkpoints.prune(path, best=history.best_epoch == epoch)  # the newest --keep-checkpoints, and best.pt
-            if history.done(args.patience):  # --target-accuracy reached, or --patience epochs without a better val
+            if should_stop(history.rows, args.target_accuracy, args.patience):  # the target reached, or --patience
                 break
     history.close()
     return history.record  # the numbers of metrics.json, e.g. for a notebook

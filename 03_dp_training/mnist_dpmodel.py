@@ -19,9 +19,11 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from common.amp import autocast_dtype
 from common.checkpoints import CheckpointDir
-from common.cli import base_parser, parse, save_config
+from common.cli import base_parser, parse
+from common.config import save_config
 from common.data import load_mnist
-from common.distributed import describe_gpu_paths, pick_device
+from common.distributed import pick_device
+from common.early_stopping import should_stop
 from common.exits import run
 from common.files import atomic_save
 from common.history import History
@@ -31,8 +33,8 @@ from common.metrics import EpochMeter
 from common.model import Net, model_flags
 from common.optim import make_optimizer, make_scheduler
 from common.position import Position, steps_per_epoch
-from common.profiling import warm_up
 from common.signals import StopSignals
+from common.warmup import warm_up
 
 LESSON = "03_dp_training"
 
@@ -106,6 +108,16 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, position, history
     history.load_state_dict(checkpoint["history"], position.epoch)
 
 
+def describe_gpu_paths(n_gpus):
+    """How GPU 0 reaches each other GPU: peer to peer (NVLink or PCIe), or through host memory (slow)."""
+    if n_gpus < 2:
+        return "one device: no copies between GPUs"
+    return "\n".join(f"GPU 0 <-> GPU {other}: peer-to-peer access (NVLink or PCIe): direct copies"
+                     if torch.cuda.can_device_access_peer(0, other) else
+                     f"warning: GPU 0 <-> GPU {other}: no peer access, every copy goes through host memory "
+                     f"and is slow (see `nvidia-smi topo -m`)" for other in range(1, n_gpus))
+
+
 def main(argv=None):
     parser = base_parser(LESSON, "Lesson 03: MNIST with nn.DataParallel over the visible GPUs")
     args = parse(parser, argv)
@@ -157,7 +169,7 @@ def main(argv=None):
             path = checkpoints.path(position)
             save_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints)
             checkpoints.prune(path, best=history.best_epoch == epoch)  # the newest --keep-checkpoints, and best.pt
-            if history.done(args.patience):  # --target-accuracy reached, or --patience epochs without a better val
+            if should_stop(history.rows, args.target_accuracy, args.patience):  # the target reached, or --patience
                 break
     history.close()
     return history.record  # the numbers of metrics.json, e.g. for a notebook

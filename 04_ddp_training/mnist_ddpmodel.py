@@ -22,9 +22,11 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from common.amp import autocast_dtype
 from common.checkpoints import CheckpointDir
-from common.cli import base_parser, parse, save_config
+from common.cli import base_parser, parse
+from common.config import save_config
 from common.data import load_mnist
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
+from common.early_stopping import should_stop
 from common.errors import CourseError
 from common.exits import on_out_of_memory, run
 from common.files import atomic_save
@@ -35,9 +37,9 @@ from common.metrics import EpochMeter
 from common.model import Net, count_parameters, model_flags
 from common.optim import make_optimizer, make_scheduler
 from common.position import Position, steps_per_epoch
-from common.profiling import warm_up
 from common.samplers import EvalSampler
 from common.signals import StopSignals
+from common.warmup import warm_up
 
 LESSON = "04_ddp_training"
 
@@ -59,7 +61,7 @@ def train(args, model, device, train_loader, optimizer, scheduler, position, sto
             break  # between two optimizer steps; the caller saves a checkpoint here
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
         sync_now = (i + 1) % args.grad_accum == 0  # the last micro-batch of an optimizer step
-        with nullcontext() if sync_now else model.no_sync():  # no_sync(): no all_reduce until the last one
+        with model.no_sync() if isinstance(model, DDP) and not sync_now else nullcontext():  # no all_reduce yet
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 output = model(data)
             loss = F.nll_loss(output.float(), target)
@@ -99,7 +101,8 @@ def make_loader(args, dataset, batch_size, sampler, device):
 
 def checkpoint_state(model, optimizer, scheduler, scaler, position, history, checkpoints):
     """Everything needed to continue: weights, optimizer and schedule state, and how far training got."""
-    return {"model": model.module.state_dict(),  # .module: the plain Net inside DDP
+    net = model.module if isinstance(model, DDP) else model  # .module: the plain Net inside DDP
+    return {"model": net.state_dict(),
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
             "position": position.state_dict(), "history": history.state_dict(), "run": checkpoints.run}
 
@@ -115,7 +118,7 @@ def save_checkpoint(path, model, optimizer, scheduler, scaler, position, history
 def load_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints, device):
     # Every rank reads the file; map_location puts rank 0's saved tensors on THIS rank's device.
     checkpoint = torch.load(path, map_location=device, weights_only=True)  # tensors and plain data, never code
-    model.module.load_state_dict(checkpoint["model"])
+    (model.module if isinstance(model, DDP) else model).load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
     if checkpoint.get("scaler"):  # float16 runs: the loss scale reached (other runs save an empty one)
@@ -165,9 +168,10 @@ def main(argv=None):
     model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # --sync-bn: BatchNorm statistics over ALL ranks
     on_out_of_memory(f"the model's {count_parameters(model) / 1e6:,.0f} M parameters need {count_parameters(model) * 16 / 2**30:.1f} "
                      "GiB for weights, gradients and AdamW state on EVERY GPU under DDP: shard them with FSDP2 (lesson 05)")
-    # DDP broadcasts rank 0's weights at construction, then all_reduces gradients in backward.
-    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                gradient_as_bucket_view=True)  # gradients live in the all_reduce buckets: one copy less
+    if world_size > 1:  # one process has nothing to average: no wrap, no hooks in its backward (as nanoGPT does)
+        # DDP broadcasts rank 0's weights at construction, then all_reduces gradients in backward.
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                    gradient_as_bucket_view=True)  # gradients live in the all_reduce buckets: one copy less
     if args.compile:
         model.compile(backend=args.compile)  # AFTER the wrap: Dynamo splits the graph at DDP's buckets
     torch.manual_seed(args.seed + rank)  # from here on each rank its own stream: different dropout masks
@@ -195,7 +199,7 @@ def main(argv=None):
             path = checkpoints.path(position)
             save_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints)
             checkpoints.prune(path, best=history.best_epoch == epoch)  # the newest --keep-checkpoints, and best.pt
-            if history.done(args.patience):  # --target-accuracy reached, or --patience epochs without a better val
+            if should_stop(history.rows, args.target_accuracy, args.patience):  # the target reached, or --patience
                 break
     history.close()
     dist.destroy_process_group()

@@ -22,7 +22,8 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.utils.data import DataLoader, DistributedSampler
 
 from common.cli import Parser, positive_int
-from common.data import MNIST_MEAN, MNIST_STD, default_data_dir, load_mnist
+from common.data import MNIST_MEAN, MNIST_STD, load_mnist
+from common.download import default_data_dir
 from common.distributed import detect_launch, launch_env, pick_device
 from common.errors import CourseError, one_line
 from common.exits import run

@@ -26,21 +26,24 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from common.amp import autocast_dtype
 from common.checkpoints import CheckpointDir
-from common.cli import base_parser, parse, save_config
+from common.cli import base_parser, parse
+from common.config import save_config
 from common.data import load_mnist
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
+from common.early_stopping import should_stop
+from common.errors import CourseError, one_line
 from common.exits import run
 from common.files import atomic_save, replace_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
 from common.log import log0, log_all
 from common.metrics import EpochMeter
-from common.model import Net, count_parameters, model_flags, read_full_weights
+from common.model import Net, count_parameters, model_flags
 from common.optim import make_optimizer, make_scheduler
 from common.position import Position, steps_per_epoch
-from common.profiling import warm_up
 from common.samplers import EvalSampler
 from common.signals import StopSignals
+from common.warmup import warm_up
 
 LESSON = "05_multigpu_fsdp_training"
 
@@ -116,6 +119,25 @@ def init_weights(model, args):
             shard.to_local().copy_(distribute_tensor(value, shard.device_mesh, shard.placements,
                                                      src_data_rank=None).to_local())  # cut my piece, no messages
         full.to_empty(device="meta", recurse=False)  # and free it
+
+
+def read_full_weights(path, model) -> dict:
+    """The plain Net state dict in `path`: a lesson 02-04 checkpoint (its "model") or a model_full.pt (05)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # OSError, or whatever the unpickler meets in a file that is no checkpoint
+        raise CourseError(f"--init-from {path}: not a readable weights file ({one_line(exc, 200)})") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # a training checkpoint of lessons 02-04
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    found = {name: tuple(t.shape) for name, t in state.items() if isinstance(t, torch.Tensor)} \
+        if isinstance(state, dict) else {}
+    if found != expected:
+        differ = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))
+        raise CourseError(f"--init-from {path}: not the weights of this Net (differ: {', '.join(differ[:4])}): "
+                          f"a lesson 04 checkpoint .pt or a model_full.pt, trained with the same --width, "
+                          f"--blocks and --hidden")
+    return state
 
 
 def checkpoint_state(model, optimizer, scheduler, scaler, position, history, checkpoints):
@@ -227,7 +249,7 @@ def main(argv=None):
             path = checkpoints.path(position)
             save_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints)
             checkpoints.prune(path, best=history.best_epoch == epoch)  # the newest --keep-checkpoints, and best.pt
-            if history.done(args.patience):  # --target-accuracy reached, or --patience epochs without a better val
+            if should_stop(history.rows, args.target_accuracy, args.patience):  # the target reached, or --patience
                 break
     history.close()
     if not stop.request:  # one plain file for inference: the full weights, gathered onto rank 0's CPU

@@ -1,38 +1,21 @@
 """The command line every lesson script shares, so that `diff` between lessons shows only the new idea.
 
 Every flag is range-checked when it is parsed; a mistake is one line (`error: ...`) and exit code 2.
-`--config FILE` (YAML or TOML, keys = flag names) sets defaults that flags on the command line override;
-every run writes its resolved config.yaml, so `--config runs/X/config.yaml` replays it.
+`--config FILE` (common/config.py) sets defaults that flags on the command line override.
 """
 from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import os
 import sys
 from pathlib import Path
 
-from common.data import default_data_dir
+from common.config import apply_config
+from common.download import default_data_dir
 from common.errors import CourseError
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (Slurm and taskset restrict them), not every CPU of the node."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS and Windows have no sched_getaffinity
-        return os.cpu_count() or 1
-
-
-def default_num_workers() -> int:
-    """DataLoader workers per process: this process's share of the usable CPUs, minus one for the training loop.
-
-    Slurm's SLURM_CPUS_PER_TASK counts the CPUs of the whole task; torchrun splits a task into
-    LOCAL_WORLD_SIZE processes, which must share them.
-    """
-    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", usable_cpus()))
-    return max(0, min(8, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1))
+from common.files import work_in_course_folder
+from common.loaders import default_num_workers
 
 
 def _number(kind, low, low_ok: bool, high=None, example=""):
@@ -54,36 +37,6 @@ count = _number(int, 0, True)  # zero allowed
 positive_float = _number(float, 0, False)
 fraction = _number(float, 0, False, 1, example=", e.g. 0.99")
 decay = _number(float, 0, False, 1, example=", e.g. 0.7")
-
-
-def course_folder() -> Path | None:
-    """The course folder of the lesson script that runs (COURSE/NN_lesson/...), or None for anything else."""
-    script = getattr(sys.modules.get("__main__"), "__file__", None)  # none in a notebook or an interactive session
-    path = Path(script).resolve() if script else None
-    course = next((p for p in path.parents if (p / "common").is_dir() and (p / "01_setup").is_dir()), None) \
-        if path else None
-    lesson = path.relative_to(course).parts[0] if course else ""
-    return course if lesson[:2].isdigit() and lesson[2:3] == "_" else None  # not pytest in COURSE/.venv, say
-
-
-def work_in_course_folder() -> None:
-    """Make every relative path (data/, runs/, and those given in flags or --config) the course folder's.
-
-    A lesson started from inside its own folder, or from anywhere else, then reads and writes where the
-    pages say, and never creates a second data/ or runs/ beside the script. The folder is the script's own
-    course, not the one `common` happens to be imported from (another clone may be pip-installed).
-    """
-    course = course_folder()
-    try:
-        here = Path.cwd()
-    except FileNotFoundError:  # the folder was deleted under the shell
-        here = None
-    if course is None or here == course:  # not a course script (e.g. a test calling main()), or already there
-        return
-    os.chdir(course)
-    if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
-        print(f"working in the course folder {course}: relative paths (data/, runs/, yours) are read there",
-              flush=True)
 
 
 class Parser(argparse.ArgumentParser):
@@ -170,58 +123,11 @@ def base_parser(lesson: str, description: str) -> Parser:
     return p
 
 
-def _read_config(path: str) -> dict:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise CourseError(f"--config {path}: {exc.strerror}: check the path") from None
-    try:
-        if path.endswith(".toml"):
-            try:
-                import tomllib
-            except ImportError:  # Python 3.10
-                raise CourseError(f"--config {path}: TOML needs Python 3.11 or newer: write it as YAML") from None
-            values = tomllib.loads(text)
-        else:
-            import yaml
-            values = yaml.safe_load(text) or {}
-    except Exception as exc:  # the parsers' own error types differ
-        raise CourseError(f"--config {path} is not valid {'TOML' if path.endswith('.toml') else 'YAML'}: "
-                          f"{' '.join(str(exc).split())[:200]}") from None
-    if not isinstance(values, dict):
-        raise CourseError(f"--config {path}: expected `flag: value` lines, e.g. `epochs: 3`")
-    return values
-
-
-def _apply_config(parser: Parser, path: str) -> None:
-    """Make the file's values the parser's defaults, each checked by its flag's own type and choices."""
-    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
-    defaults = {}
-    for key, value in _read_config(path).items():
-        dest = str(key).replace("-", "_")
-        if dest not in actions:
-            close = difflib.get_close_matches(dest, actions, n=1)
-            hint = f": did you mean {close[0].replace('_', '-')}?" if close else ": see --help for the flags"
-            raise CourseError(f"--config {path}: unknown key {key!r}{hint}")
-        action = actions[dest]
-        if isinstance(value, bool) and action.nargs == "?":  # `amp: true`: the bare flag; `amp: false`: not given
-            value = action.const if value else action.default
-        if value is not None and action.type is not None and not isinstance(value, bool):
-            try:
-                value = action.type(str(value))
-            except argparse.ArgumentTypeError as exc:
-                raise CourseError(f"--config {path}: {key}: {exc}") from None
-        if action.choices is not None and value not in action.choices and value != action.default:  # amp: null
-            raise CourseError(f"--config {path}: {key}: {value!r} is not one of {', '.join(map(str, action.choices))}")
-        defaults[dest] = value
-    parser.set_defaults(**defaults)
-
-
 def parse(parser: Parser, argv=None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     first, _ = parser.parse_known_args(argv)  # only to find --config
     if first.config:
-        _apply_config(parser, first.config)
+        apply_config(parser, first.config)
     args = parser.parse_args(argv)
     if args.dry_run:
         args.epochs, args.max_steps = 1, 2
@@ -234,18 +140,3 @@ def parse(parser: Parser, argv=None) -> argparse.Namespace:
     if args.patience and not args.val_samples:
         raise CourseError("--patience needs a validation set: add --val-samples N (e.g. 5000)")
     return args
-
-
-def args_to_dict(args) -> dict:
-    """argparse Namespace (or None) -> a dict of plain values, safe for JSON and weights_only loads."""
-    return {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in vars(args or argparse.Namespace()).items()}
-
-
-def save_config(args, path) -> None:
-    """The resolved flags as YAML (one `flag: value` line each): `--config PATH` runs the same again."""
-    from common.files import atomic_write
-    skip = {"config", "resume", "dry_run"}  # how THIS run was started, not what it trains
-    lines = [f"{k.replace('_', '-')}: {json.dumps(v)}" for k, v in args_to_dict(args).items() if k not in skip]
-    with atomic_write(path, "w") as f:
-        f.write("# written by the run itself: replay it with --config this-file (and another --output-dir)\n")
-        f.write("\n".join(lines) + "\n")

@@ -140,20 +140,6 @@ def pick_device(requested: str = "auto", launch: LaunchEnv | None = None) -> tor
     return torch.device("cuda", index)
 
 
-def describe_gpu_paths(n_gpus: int) -> str:
-    """How GPU 0 reaches each other GPU: peer to peer (NVLink or PCIe), or through host memory (slow)."""
-    if n_gpus < 2:
-        return "one device: no copies between GPUs"
-    lines = []
-    for other in range(1, n_gpus):
-        if torch.cuda.can_device_access_peer(0, other):
-            lines.append(f"GPU 0 <-> GPU {other}: peer-to-peer access (NVLink or PCIe): direct copies")
-        else:
-            lines.append(f"warning: GPU 0 <-> GPU {other}: no peer access, every copy goes through host memory "
-                         f"and is slow (see `nvidia-smi topo -m`)")
-    return "\n".join(lines)
-
-
 def init_timeout() -> datetime.timedelta:
     """How long a collective may wait for the slowest rank before it fails: $DIST_TIMEOUT_SECONDS or 600 s."""
     return datetime.timedelta(seconds=float(os.environ.get("DIST_TIMEOUT_SECONDS", DEFAULT_TIMEOUT_S)))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,3 +67,33 @@ def creatable_folder(path) -> str | None:
     if existing != path and not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
     return None
+
+
+def course_folder() -> Path | None:
+    """The course folder of the lesson script that runs (COURSE/NN_lesson/...), or None for anything else."""
+    script = getattr(sys.modules.get("__main__"), "__file__", None)  # none in a notebook or an interactive session
+    path = Path(script).resolve() if script else None
+    course = next((p for p in path.parents if (p / "common").is_dir() and (p / "01_setup").is_dir()), None) \
+        if path else None
+    lesson = path.relative_to(course).parts[0] if course else ""
+    return course if lesson[:2].isdigit() and lesson[2:3] == "_" else None  # not pytest in COURSE/.venv, say
+
+
+def work_in_course_folder() -> None:
+    """Make every relative path (data/, runs/, and those given in flags or --config) the course folder's.
+
+    A lesson started from inside its own folder, or from anywhere else, then reads and writes where the
+    pages say, and never creates a second data/ or runs/ beside the script. The folder is the script's own
+    course, not the one `common` happens to be imported from (another clone may be pip-installed).
+    """
+    course = course_folder()
+    try:
+        here = Path.cwd()
+    except FileNotFoundError:  # the folder was deleted under the shell
+        here = None
+    if course is None or here == course:  # not a course script (e.g. a test calling main()), or already there
+        return
+    os.chdir(course)
+    if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+        print(f"working in the course folder {course}: relative paths (data/, runs/, yours) are read there",
+              flush=True)

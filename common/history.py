@@ -2,7 +2,7 @@
 
 Every rank calls add() with the same (already all-reduced) numbers; rank 0 alone prints and writes.
 The rows travel inside each checkpoint too, so a run resumed into another --output-dir keeps its history.
-Early stopping needs nothing else: the best epoch and the epochs since are read off the rows.
+When to stop early is decided from these rows by common/early_stopping.py.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from common.cli import args_to_dict
+from common.config import args_to_dict
 from common.distributed import is_main_process
 from common.files import atomic_write
-from common.log import plural
+from common.early_stopping import best_epoch, time_to_target
 
 
 PLOT_EVERY_S = 30  # matplotlib takes ~1 s a figure (its import included): redraw curves.png at most this often, and when the run ends
@@ -46,14 +46,9 @@ class History:
         if val is not None:
             row.update(val_loss=val["loss"], val_accuracy=val["accuracy"], val_samples=val["count"])
         self.rows.append(row)
-        target = self.args.target_accuracy
-        first_hit = target is not None and row["test_accuracy"] >= target and not self.reached_target
-        if first_hit:
-            self.record["time_to_target_seconds"] = sum(r["epoch_seconds"] for r in self.rows)
-        if val is not None:
-            self.record["best_epoch"] = max(self.rows, key=lambda r: (r["val_accuracy"], -r["epoch"]))["epoch"]
-        if self.device.type == "cuda":
-            self.record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.device)
+        reached_before = self.reached_target
+        self._update_record()
+        first_hit = self.reached_target and not reached_before
         if is_main_process():
             self._print(row, test, first_hit)
             self.save()
@@ -75,21 +70,13 @@ class History:
 
     @property
     def best_epoch(self) -> int | None:
-        """The epoch with the best validation accuracy so far (the earliest of equals); None without validation."""
         return self.record["best_epoch"]
 
-    def done(self, patience: int | None) -> bool:
-        """Stop training? After --target-accuracy is reached, or --patience epochs without a better validation.
-
-        Every rank holds the same rows (the numbers were all-reduced), so every rank decides the same."""
-        if self.reached_target:
-            return True
-        waited = self.rows[-1]["epoch"] - self.best_epoch if self.best_epoch else 0
-        if patience and waited >= patience:
-            if is_main_process():
-                print(f"early stopping: no better val_accuracy for {plural(waited, 'epoch')} (--patience {patience})", flush=True)
-            return True
-        return False
+    def _update_record(self) -> None:
+        self.record["time_to_target_seconds"] = time_to_target(self.rows, self.args.target_accuracy)
+        self.record["best_epoch"] = best_epoch(self.rows)
+        if self.device.type == "cuda":
+            self.record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.device)
 
     # ---- files ------------------------------------------------------------------------------------
     def save(self) -> None:
@@ -137,13 +124,7 @@ class History:
     def load_state_dict(self, state: dict, epoch: int) -> None:
         """The rows of the epochs before `epoch` (the one the resumed run does next); each epoch appears once."""
         self.record["epochs"] = [r for r in json.loads(state["rows"]) if r["epoch"] < epoch]
-        target = self.args.target_accuracy
-        reached = [i for i, r in enumerate(self.rows, 1) if target is not None and r["test_accuracy"] >= target]
-        if reached:
-            self.record["time_to_target_seconds"] = sum(r["epoch_seconds"] for r in self.rows[:reached[0]])
-        if self.rows and "val_accuracy" in self.rows[0]:
-            self.record["best_epoch"] = max(self.rows, key=lambda r: (r["val_accuracy"], -r["epoch"]))["epoch"]
-
+        self._update_record()
 
 def plot_curves(record: dict, path: Path) -> None:
     import matplotlib

@@ -7,12 +7,31 @@ classic example spends. Both paths take the SAME sampler, so sharding and shuffl
 from __future__ import annotations
 
 import math
+import os
 import signal
 
 import torch
 from torch.utils.data import Sampler, Subset
 
 from common.data import MNIST_MEAN, MNIST_STD, MNISTFiles
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (Slurm and taskset restrict them), not every CPU of the node."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no sched_getaffinity
+        return os.cpu_count() or 1
+
+
+def default_num_workers() -> int:
+    """DataLoader workers per process: this process's share of the usable CPUs, minus one for the training loop.
+
+    Slurm's SLURM_CPUS_PER_TASK counts the CPUs of the whole task; torchrun splits a task into
+    LOCAL_WORLD_SIZE processes, which must share them.
+    """
+    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", usable_cpus()))
+    return max(0, min(8, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1))
 
 
 def _as_tensors(dataset) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,24 +53,3 @@ def count_parameters(model: nn.Module) -> int:
 def model_flags(args) -> dict:
     """Net's constructor arguments from the command line."""
     return {"width": args.width, "blocks": args.blocks, "hidden": args.hidden}
-
-
-def read_full_weights(path, model: nn.Module) -> dict:
-    """The plain Net state dict in `path`: a lesson 02-04 checkpoint (its "model") or a model_full.pt (05)."""
-    from common.errors import CourseError, one_line
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise CourseError(f"--init-from {path}: not a readable weights file ({one_line(exc, 200)})") from None
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):
-        state = state["model"]  # a training checkpoint of lessons 02-04
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    found = {name: tuple(t.shape) for name, t in state.items() if isinstance(t, torch.Tensor)} \
-        if isinstance(state, dict) else {}
-    if found != expected:
-        differ = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))
-        raise CourseError(f"--init-from {path}: not the weights of this Net (differ: {', '.join(differ[:4])}): "
-                          f"a lesson 04 checkpoint .pt or a model_full.pt, trained with the same --width, "
-                          f"--blocks and --hidden")
-    return state

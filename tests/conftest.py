@@ -6,7 +6,7 @@ os.environ.pop("MNIST_MIRROR", None)
 
 import pytest
 
-from common.data import prepare_data
+from common.download import prepare_data
 
 # `make test` runs two pytest workers (pytest-xdist, `-n 2`): much of a test's time is spent
 # waiting (for Slurm, for a timeout to fire, for processes to start), so two keep both cores busy. Tests that

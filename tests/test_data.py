@@ -1,4 +1,4 @@
-"""common.data and common.synthetic: genuine IDX files, offline preparation, download, learnability."""
+"""common.download, common.data and common.synthetic: genuine IDX files, offline preparation, download, learnability."""
 import functools
 import gzip
 import hashlib
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from common.data import (MNIST_MEAN, MNIST_STD, RAW_FILES, dataset_root, default_data_dir, load_mnist,
-                         prepare_data, split_validation)
+from common.data import MNIST_MEAN, MNIST_STD, load_mnist, split_validation
+from common.download import RAW_FILES, dataset_root, default_data_dir, prepare_data
 from common.errors import CourseError
 from common.synthetic import MARKER, write_synthetic_mnist
 

@@ -102,8 +102,7 @@ def test_the_graph_sees_top_level_and_function_level_imports():
     edges = graph()
     assert "common.exits" in edges["04_ddp_training/mnist_ddpmodel"]
     assert "common.distributed" in edges["common.exits"]
-    assert "common.errors" in edges["common.model"]  # imported inside read_full_weights
-    assert "benchmarks.tables" in edges["benchmarks.report"]  # `from benchmarks import tables`
+    assert "common.download" in edges["common.data"] and "common.files" in edges["common.config"]
     assert len(edges) > 40, sorted(edges)
 
 

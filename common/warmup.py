@@ -1,41 +1,11 @@
-"""Where the time goes: torch.profiler around a few steps, and a warm-up that keeps one-off costs out of the clock."""
+"""A warm-up that keeps one-off costs (kernel loading, cuDNN autotuning, allocator growth) out of the timed epochs."""
 from __future__ import annotations
 
 import copy
-import os
 import time
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
-
-
-@contextmanager
-def profile_steps(device: torch.device, rows: int = 12):
-    """Profile the enclosed steps, then print the top operators, two totals, and the share spent waiting for data."""
-    # Without this, the profiler's engine prints its start/stop lines (and, on a CUDA build of torch without a GPU,
-    # a harmless "gpuGetDeviceCount failed"). Set before the profiler starts, it works even after `import torch`.
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities, acc_events=True) as prof:
-        start = time.perf_counter()
-        yield
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # the GPU work these steps queued belongs to them
-        wall = time.perf_counter() - start  # the steps only: starting, stopping and sorting the events excluded
-    events = prof.key_averages()
-    sort_by = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    print(events.table(sort_by=sort_by, row_limit=rows), flush=True)
-    # The table's "Self CPU time total" sums every operator's self time (its own, minus the operators it calls),
-    # over all operators, not only the rows shown: time inside recorded operators, never the Python between them.
-    self_s = events.self_cpu_time_total / 1e6
-    # The DataLoader's __next__ is recorded as "enumerate(DataLoader)#...": time the loop waited for a batch.
-    data_s = sum(e.cpu_time_total for e in events if e.key.startswith("enumerate(DataLoader)")) / 1e6
-    print(f"profile: the profiled steps took {wall:.2f} s of wall-clock time, the profiler's recording included; "
-          f"{self_s:.2f} s were spent inside operators (the table's \"Self CPU time total\")", flush=True)
-    print(f"profile: {data_s:.2f} s ({100 * data_s / wall:.0f}% of the wall-clock time) waiting for the DataLoader, "
-          f"the rest in forward/backward/optimizer", flush=True)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
