@@ -60,8 +60,9 @@ demo: setup
 	  --num-workers 0 --output-dir runs/demo
 	@echo "metrics: runs/demo/metrics.json, curves: runs/demo/curves.png"
 
-# GPU benchmarks on real MNIST (BENCH_ARGS="--data-dir DIR", default ./data), 1, 2 (4, 8) GPUs, every suite (~13 min;
-# split with --suite, list with --plan): docs/benchmarks.md, .json and plots. CPU smoke mode: BENCH_ARGS=--quick
+# Every benchmark on real MNIST (BENCH_ARGS="--data-dir DIR --reference pytorch-examples/mnist/main.py"; default
+# ./data, no parity run), on 1, 2 (4, 8) GPUs: ~8 min on 2 GPUs (list: --plan, pick: --suite, cap: --budget),
+# writes docs/benchmarks.md, .json and plots. CPU smoke mode, no results: BENCH_ARGS=--quick
 bench: setup
 	$(PY) benchmarks/bench.py $(BENCH_ARGS)
 

@@ -1,141 +1,128 @@
-"""The benchmark harness: its CPU smoke mode end to end, and the page it writes from GPU-like rows.
+"""The benchmark runner: its CPU smoke mode end to end, its plan and budget, and the page's targets from GPU-like rows.
 
-The smoke mode runs one tiny lesson script per suite (synthetic data, gloo); the GPU-only parts of the
-page (peak memory, the GPU-to-GPU path, the target met or missed) are checked from hand-made rows,
-since no GPU is available here.
+`bench.py --quick` runs every suite for real on the CPU (gloo, synthetic digits, tiny sizes): the same launches,
+lesson calls and row format as on GPUs, so a GPU run does not fail on a typo. Its numbers are no result, and the
+page says so. The targets (met or missed) are checked on hand-made rows, since no GPU is available here.
 """
 import json
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 from lessons import ROOT
 
 sys.path.insert(0, str(ROOT))
-from benchmarks import report, tables  # noqa: E402
+from benchmarks import bench, report, tables  # noqa: E402
 
-SECTIONS = ("## Target: 99% test accuracy for every seed, on 1 and 2 GPUs", "## Time to target per seed", "## The classic recipe", "## Large-batch scaling",
-            "## Throughput", "## DataParallel (lesson 03)", "## Memory per GPU")
-PLOTS = ("time_to_target", "accuracy", "throughput", "scaling", "memory")
-
-
-def table_rows(page: str) -> list[str]:
-    """The body rows of every markdown table on the page (no header, no separator)."""
-    rows, block = [], []
-    for line in page.splitlines() + [""]:
-        if line.startswith("|"):
-            block.append(line)
-        else:
-            rows += block[2:]
-            block = []
-    return rows
+SECTIONS = ("## Speed", "## Scaling", "## Time to 99%", "## FSDP2 memory", "## Tools", "## Communication")
+FAKE_REFERENCE = """import argparse
+p = argparse.ArgumentParser()
+p.add_argument("--seed", type=int)
+p.add_argument("--epochs", type=int, default=14)
+for epoch in range(p.parse_args().epochs):
+    print(f"Test set: Average loss: 0.0{50 - epoch}, Accuracy: {9800 + epoch}/10000 (98%)")
+"""
 
 
-def test_quick_benchmark_runs_every_suite_and_labels_its_data(synthetic_dir, tmp_path):
-    proc = subprocess.run([sys.executable, "benchmarks/bench.py", "--quick", "--out", str(tmp_path),
-                           "--data-dir", synthetic_dir, "--runs-dir", str(tmp_path / "runs")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    page = (tmp_path / "benchmarks.md").read_text()
-    assert page.startswith("# Benchmarks (SYNTHETIC data")
-    for section in SECTIONS:
-        assert section in page
-    assert "| target | GPUs | result per seed | data | status |" in page
-    body = table_rows(page)
-    assert len(body) >= 8 and all("| synthetic |" in line for line in body), body
-    for name in PLOTS:
-        assert (tmp_path / f"{name}.png").stat().st_size > 5000
-    rows = json.loads((tmp_path / "benchmarks.json").read_text())["rows"]
-    assert {r["suite"] for r in rows} == {"recipe", "classic", "scaling", "dp", "throughput", "memory"}
-    assert all(r["status"] == "ok" and r["data"] == "synthetic" and r["images_per_second"] > 0 for r in rows)
-    # time to target: the row carries what the run's metrics.json says, and the page shows it
-    recipe = next(r for r in rows if r["suite"] == "recipe")
-    metrics = json.loads((Path(recipe["run_dir"]) / "metrics.json").read_text())
-    assert recipe["time_to_target_seconds"] == metrics["time_to_target_seconds"]
-    assert recipe["warmup_seconds"] == metrics["warmup_seconds"] > 0
-    shown = "not reached" if metrics["time_to_target_seconds"] is None else f"{metrics['time_to_target_seconds']:.2f} s"
-    assert f"| {shown} |" in page
-    assert "[1/6]" in (tmp_path / "bench.log").read_text()
+def test_quick_mode_runs_every_suite_and_writes_rows_page_and_plots(synthetic_dir, tmp_path):
+    (tmp_path / "main.py").write_text(FAKE_REFERENCE)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "benchmarks/bench.py", "--quick", "--data-dir", synthetic_dir, "--out",
+                           str(out), "--reference", str(tmp_path / "main.py")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count(": ok,") == 5, proc.stdout  # 2 workers, the capped one, bandwidth, parity
+    rows = json.loads((out / "benchmarks.json").read_text())["rows"]
+    count = {s: sum(r["suite"] == s for r in rows) for s in bench.SUITES}
+    assert count == {"throughput": 8, "scaling": 3, "recipe": 2, "plain": 2, "dp": 1, "tools": 8, "overlap": 4,
+                     "fsdp_oom": 2, "bandwidth": 1, "parity": 2}, count
+    assert all(r["quick"] and r["data"] == "synthetic" and r["device_name"] == "CPU" for r in rows)
+    for r in rows:  # what a row says about its epochs is what its epochs say
+        if "epoch_seconds" in r and "accuracy" in r:
+            assert {k: r[k] for k in ("time_to_99", "final_accuracy", "median_epoch_s")} == \
+                tables.summary(r["epoch_seconds"], r["accuracy"])
+    oom = {r["program"]: r for r in rows if r["suite"] == "fsdp_oom"}
+    assert oom["05"]["status"] == "ok" and oom["05"]["s_per_step"] > 0
+    assert oom["04"]["status"] == "out of memory" and "SIMULATED" in oom["04"]["error"]
+    assert oom["04"]["error"].endswith("shard them with FSDP2 (lesson 05)")  # lesson 04's own one-line error
+    reference = next(r for r in rows if r["suite"] == "parity" and r["program"] == "reference")
+    assert reference["accuracy"] == [0.98] and reference["test_loss"] == [0.05]  # parsed from its output
+    assert {r["variant"] for r in rows if r["suite"] == "overlap"} == {"default", "one", "small", "no_sync"}
+
+    page = (out / "benchmarks.md").read_text()
+    assert page.startswith("# Benchmarks (CPU SMOKE MODE")
+    assert all(section in page for section in SECTIONS) and "_Not measured" not in page
+    measured = [line for line in page.splitlines() if line.startswith("_Measured on")]
+    assert len(measured) == 13 and all("CPU smoke mode: not a result" in line for line in measured)
+    ratio = next(line for line in page.splitlines() if line.startswith("| 2 | CPU | 16x0.01 | 1 |"))
+    assert "no plain loop" not in ratio  # the course's runs and the plain loop's paired up
+    for name in ("throughput", "time_to_99", "fsdp_memory", "bandwidth", "ddp_overlap"):
+        assert (out / f"{name}.png").stat().st_size > 5000 and f"![{name}]({name}.png)" in page
 
 
-def _row(suite, lesson, gpus, variant, data="mnist", **kw):
-    machine = dict(gpu="NVIDIA H200", driver="580.159.04", torch="2.11.0+cu130", commit="abc1234", date="2026-11-26")
-    accs = kw.pop("accs", [0.985, 0.991])
-    epochs = [{"epoch": i, "train_loss": 0.1, "test_loss": 0.03, "test_accuracy": a, "test_samples": 10000,
-               "epoch_seconds": 0.5, "train_images_per_second": 120000.0} for i, a in enumerate(accs, 1)]
-    args = dict(optimizer="adadelta", batch_size=512, lr_scaling="none", warmup_steps=0, target_accuracy=None,
-                data_on_device=True, train_samples=None, test_samples=None, max_steps=None)
-    args.update(kw.pop("args", {}))
-    row = dict(key=f"{suite}/{lesson}/{gpus}gpu/{variant}/{data}", suite=suite, lesson=lesson, gpus=gpus, nproc=gpus,
-               variant=variant, path="on-device", bs=512, width=1, precision="fp32", seed=1, status="ok", data=data,
-               wall_seconds=12.0, command=f"torchrun --nproc_per_node={gpus} 04_ddp_training/mnist_ddpmodel.py --data "
-               f"{data} --seed 1 --optimizer adamw", gpu_paths=[], epochs=epochs, warmup_seconds=0.4,
-               peak_memory_bytes=None, time_to_target_seconds=None, world_size=gpus, args=args,
-               seconds_per_epoch=0.5, images_per_second=120000.0, epoch1_seconds=0.5, final_accuracy=accs[-1],
-               train_seconds=0.5 * len(accs), **machine)
-    row.update(kw)
-    return row
+def test_plan_fits_one_ten_minute_call_and_runs_nothing(tmp_path, capsys):
+    (tmp_path / "main.py").write_text(FAKE_REFERENCE)
+    bench.main(["--plan", "--gpus", "1,2", "--reference", str(tmp_path / "main.py"), "--out", str(tmp_path / "o")])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[2] for line in lines[:-1]] == ["worker-1:", "worker-2:", "fsdp_oom-2:", "bandwidth-2:",
+                                                       "parity:"]
+    assert sum(float(line.split()[0]) for line in lines[:-1]) <= 9 * 60  # the lead's single GPU call: 10 minutes
+    assert not (tmp_path / "o").exists()
+    bench.main(["--plan", "--gpus", "1,2,4"])  # more GPUs add a launch and rows; no --reference, no parity
+    text = capsys.readouterr().out
+    assert "worker-4:" in text and "bandwidth-4:" in text and "parity skipped: no --reference" in text
 
 
-def gpu_like_rows():
+def test_budget_skips_what_would_not_fit(synthetic_dir, tmp_path, capsys):
+    bench.main(["--quick", "--suite", "bandwidth", "--budget", "1", "--data-dir", synthetic_dir, "--out", str(tmp_path)])
+    assert "bandwidth-2 SKIPPED" in capsys.readouterr().out
+    assert json.loads((tmp_path / "benchmarks.json").read_text()) == {"rows": []}
+    assert "_Not measured in these rows._" in (tmp_path / "benchmarks.md").read_text()
+
+
+def _row(suite, program, gpus, seed, t, final, epoch_s, device="NVIDIA H100 80GB HBM3", **kw):
+    return {"suite": suite, "program": program, "gpus": gpus, "variant": "512x0.006", "seed": seed, "time_to_99": t,
+            "final_accuracy": final, "median_epoch_s": epoch_s, "steps_per_epoch": 118, "device_name": device,
+            "driver": "580", "torch": "2.11.0+cu130", "commit": "abc1234", "date": "2026-11-27", "data": "mnist",
+            "quick": False, **kw}
+
+
+def test_time_to_99_and_step_targets_from_gpu_like_rows(tmp_path):
     rows = []
-    for gpus, times in ((1, [1.5, 1.6, 1.9]), (2, [0.7, None, 0.9])):  # 2 GPUs: seed 2 never reached 99%
-        for seed, t in zip((1, 2, 3), times):
-            rows.append(_row("recipe", "04", gpus, f"seed{seed}", seed=seed, time_to_target_seconds=t,
-                             accs=[0.98, 0.991] if t else [0.98, 0.985], args={"target_accuracy": 0.99}))
-    rows += [_row("classic", "02", 1, "default", path="dataloader", bs=64, accs=[0.98, 0.99, 0.991]),
-             _row("scaling", "04", 2, "lr-linear", args={"lr_scaling": "linear", "warmup_steps": 100}),
-             _row("throughput", "04", 1, "on-device", peak_memory_bytes=600 * 2**20),
-             _row("throughput", "04", 2, "on-device", images_per_second=200000.0),
-             _row("dp", "03", 2, "dataloader", path="dataloader", bs=64, nproc=1,
-                  gpu_paths=["warning: GPU 0 <-> GPU 1: no peer access, every copy goes through host memory"]),
-             _row("memory", "05", 2, "w1-fp32", status="timeout", error="Traceback\nhang", epochs=[])]
-    for lesson, peak in (("04", 661 * 2**20), ("05", 514 * 2**20)):
-        rows.append(_row("memory", lesson, 2, "w1-bf16", precision="bf16", peak_memory_bytes=peak))
-    return rows
-
-
-def test_page_from_gpu_like_rows(tmp_path):
-    rows = report.save_rows(tmp_path / "benchmarks.json", [], gpu_like_rows())
-    report.write_report(tmp_path, rows)
+    for seed in (1, 2, 3, 4, 5):  # 1 GPU: 1.05x and 99.2%: met; 2 GPUs: 1.05x but a mean final of 99.0%: missed
+        rows += [_row("recipe", "04", 1, seed, 1.05, 0.992, 0.30), _row("plain", "plain", 1, seed, 1.0, 0.99, 0.25),
+                 _row("recipe", "04", 2, seed, 0.63, 0.990, 0.20), _row("plain", "plain", 2, seed, 0.6, 0.99, 0.19)]
+    rows.append(_row("recipe", "04", 4, 1, None, 0.988, 0.1))  # no plain loop on 4 GPUs in this run: no ratio
+    rows.append(_row("plain", "plain", 4, 1, 0.5, 0.99, 0.1, device="NVIDIA H200"))  # another machine: not paired
+    report.write(tmp_path, rows)
     page = (tmp_path / "benchmarks.md").read_text()
-    assert page.startswith("# Benchmarks\n") and "real MNIST" in page and "synthetic" not in page
-    for section in SECTIONS + ("## Failed runs",):
-        assert section in page
-    targets = [line for line in page.splitlines() if line.startswith("| test accuracy >=")]
-    assert len(targets) == 2 and not any(line.startswith("| time to") for line in page.splitlines())  # no limit in s
-    assert targets[0].endswith("**met** |") and "seed 3: 99.10%" in targets[0]      # 1 GPU
-    assert targets[1].endswith("**missed** |") and "seed 2: 98.50%" in targets[1]   # 2 GPUs
-    assert "| 1.90 s |" in page and "| not reached |" in page  # each seed's time to 99%, in the per-seed table
-    assert "no peer access" in page and "**TIMEOUT**" in page and "hang" in page
-    assert "| 04 DDP | 2 | 512 | on-device | real MNIST |" in page and "| 1.67x |" in page
-    assert all("| real MNIST |" in line for line in table_rows(page))
-    for name in PLOTS:
-        assert (tmp_path / f"{name}.png").stat().st_size > 5000
+    assert "| 1.05 s | 1.00 s | 1.05x | 99.20% | **met** |" in page
+    assert "| 0.63 s | 0.60 s | 1.05x | 99.00% | **missed** |" in page
+    assert "| 4 | NVIDIA H100 80GB HBM3 | 512x0.006 | 1 | - | - | - | 98.80% | not measured" in page
+    assert "| 0.300 | 2.54 | 0.250 | 2.12 | 1.20x | **missed** |" in page  # the step: 1 GPU
+    assert "| 0.200 | 1.69 | 0.190 | 1.61 | 1.05x | **met** |" in page  # 2 GPUs
+    assert "Rows of different runs: compare with care" in page  # the per-seed table holds the H200 row too
 
 
-def test_memory_breakdown_adds_up_to_the_peak():
-    n = tables.parameter_count(1)
-    assert n == 1_199_882  # the classic Net
-    ddp = tables.memory_breakdown(_row("memory", "04", 2, "w1", peak_memory_bytes=661 * 2**20))
-    fsdp = tables.memory_breakdown(_row("memory", "05", 2, "w1", peak_memory_bytes=514 * 2**20))
-    assert ddp["parameters"] == ddp["gradients"] == 4 * n and ddp["optimizer state"] == 8 * n  # Adadelta: 2 buffers
-    assert fsdp["parameters"] == 2 * n and fsdp["optimizer state"] == 4 * n  # sharded over 2 GPUs
-    assert ddp["data set"] == 70_000 * (784 * 4 + 8)  # every GPU holds the whole set
-    parts = ("parameters", "gradients", "optimizer state", "data set", "activations and the rest")
-    assert sum(ddp[p] for p in parts) == pytest.approx(661 * 2**20)
+def test_overlap_reads_kernels_and_backward_from_a_cuda_trace(tmp_path):
+    """The format torch.profiler writes with CUDA: kernels (cat "kernel") linked to their CPU launches by correlation."""
+    from benchmarks import overlap
 
+    def x(cat, name, ts, dur, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": 1, "args": args}
 
-def test_merge_replaces_the_same_measurement_and_keeps_the_others(tmp_path):
-    path = tmp_path / "benchmarks.json"
-    first = [_row("recipe", "04", 1, "seed1"), _row("recipe", "04", 2, "seed1")]
-    report.save_rows(path, report.load_rows(path), first)
-    again = _row("recipe", "04", 2, "seed1", time_to_target_seconds=0.8)
-    synthetic = _row("recipe", "04", 2, "seed1", data="synthetic")  # another data set: another measurement
-    rows = report.save_rows(path, report.load_rows(path), [again, synthetic])
-    assert len(rows) == 3 and report.load_rows(path) == rows
-    assert next(r for r in rows if r["key"] == again["key"])["time_to_target_seconds"] == 0.8
-    report.write_report(tmp_path, rows)
-    assert "(mixed: real MNIST and synthetic)" in (tmp_path / "benchmarks.md").read_text().splitlines()[0]
+    events = [x("user_annotation", "step", 1000, 500), x("user_annotation", "forward 0", 1000, 100),
+              x("user_annotation", "backward 0", 1100, 300),
+              x("kernel", "ncclDevKernel_AllReduce_Sum_f32 (the barrier, before the step)", 900, 50),
+              x("cuda_runtime", "cudaLaunchKernel", 1010, 5, correlation=1),  # forward
+              x("kernel", "sm90_xmma_fprop", 1050, 100, correlation=1),
+              x("cuda_runtime", "cudaLaunchKernel", 1120, 5, correlation=2),  # backward
+              x("kernel", "wgrad_kernel", 1200, 200, correlation=2),
+              x("cuda_driver", "cuLaunchKernelEx", 1150, 5, correlation=3),  # DDP's bucket all_reduce
+              x("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1300, 150, correlation=3)]
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": events}))
+    info = overlap.lanes(str(tmp_path / "trace.json"))
+    assert info["lanes"] == {"compute kernels": [(0.05, 0.15), (0.2, 0.4)], "NCCL kernels": [(0.3, 0.45)]}
+    assert info["backward"] == [(0.2, 0.4)]  # the GPU span of the kernels backward() launched
+    n = overlap.numbers(info)
+    assert n["comm_kernels"] == 1 and abs(n["comm_ms"] - 0.15) < 1e-9
+    assert abs(n["overlapped_ms"] - 0.1) < 1e-9 and abs(n["exposed_ms"] - 0.05) < 1e-9

@@ -1,10 +1,8 @@
-"""05_multigpu_fsdp_training/fsdp_memory.py (lesson 05's model with the FSDP2 tools) and benchmarks/fsdp_gpu.py, on
-CPU with gloo (issue 17).
+"""05_multigpu_fsdp_training/fsdp_memory.py (lesson 05's model with the FSDP2 tools) on CPU with gloo (issue 17).
 
-ONE run of `fsdp_gpu.py --cpu-smoke` (the module fixture, ~55 s on two idle cores) drives almost everything: lesson 04
-under torchrun with a simulated out-of-memory error, lesson 05 training the same model, and fsdp_memory.py launched
-ONCE per N = 1, 2, 3 (torchrun), several configs per launch (--blocks 0 and 4, --hidden 256, 2 steps each). The
-benchmark's JSON keeps every rank's own row, which is what the byte counts below are read from.
+ONE launch of `fsdp_memory.py --sweep` per N = 1, 2, 3 (torchrun, the module fixture) measures several configs each
+(--blocks 0 and 4, --hidden 256, 2 steps): every rank prints its own row, which the byte counts below are read from.
+Lesson 04's simulated out-of-memory line is checked in tests/test_bench.py (the `fsdp_oom` suite's quick mode).
 """
 import importlib.util
 import json
@@ -22,50 +20,35 @@ from lessons import ROOT
 MEMORY = ROOT / "05_multigpu_fsdp_training" / "fsdp_memory.py"
 
 
+SWEEP = ("blocks=0,4;hidden=256;steps=2;tools=ddp,fsdp,checkpoint-activations"
+         "|blocks=4;hidden=256;steps=2;tools=fsdp,no-reshard-after-forward,prefetch")
+
+
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp-smoke")
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fsdp_gpu.py"), "--cpu-smoke", "--budget-s", "500",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, json.loads((out / "fsdp_gpu.json").read_text())
+def smoke():
+    """{N: every rank's rows} of one torchrun launch of the sweep per N."""
+    found = {}
+    for n in (1, 2, 3):
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+                               str(MEMORY), "--device", "cpu", "--batch-size", "8", "--sweep", SWEEP],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "Warning" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+        found[n] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return found
 
 
-def rows(result, n):
-    """Every rank's rows of part b's configs (the launch's first group) in the fsdp_memory.py launch at N processes."""
-    return [r for r in next(r for r in result["runs"] if r["name"] == f"sweep-N{n}")["rows"] if r["group"] == 0]
-
-
-def test_smoke_measures_every_part(smoke):
-    out, s = smoke
-    for name in ("fsdp_gpu.md", "fsdp_memory.png", "fsdp_trace.json", "logs/a-ddp-N2-b4.log"):
-        assert (out / name).stat().st_size > 0, name
-    assert [r["status"] for r in s["runs"]] == ["out of memory", "ok", "ok", "ok", "ok"], s["runs"]
-    a = s["a"]
-    assert (a["blocks"], a["hidden"]) == (4, 256)  # the smallest --blocks with 16 B x P > 1.05 x the cap
-    assert a["ddp"]["error"].startswith("error: CUDA out of memory; Tried to allocate 1.00 GiB (SIMULATED")
-    assert a["ddp"]["error"].endswith("shard them with FSDP2 (lesson 05)")  # lesson 04's own one-line error
-    assert a["fsdp_N2"]["status"] == "ok" and 0 <= a["fsdp_N2"]["test_accuracy"] <= 1
-    assert a["predicted"]["2"]["ddp_16P"] == 16 * a["predicted"]["2"]["parameters"]
-    assert {(x["world_size"], x["tools"]) for x in s["b"]} == {
-        (n, t) for n in (1, 2, 3) for t in ("ddp", "fsdp", "checkpoint-activations")}
-    assert [x["tools"] for x in s["c"]["tools_N2"]] == ["fsdp", "checkpoint-activations", "fsdp",
-                                                        "no-reshard-after-forward", "prefetch"]
-    assert [r["hidden"] for r in s["d"]["fsdp_over_ddp"]] == [64, 128]
-    assert all(r["ratio"] > 0 for r in s["d"]["fsdp_over_ddp"])
-    assert s["d"]["profile"]["s_per_step"] > 0 and s["d"]["profile"]["kernels"] == {}  # no GPU kernels on a CPU
-    page = (out / "fsdp_gpu.md").read_text()
-    assert "## a. Out of memory against fits" in page and a["ddp"]["error"] in page
-    for run in s["runs"]:
-        assert {"gpu", "driver", "torch", "commit"} <= run.keys()
+def rows(result, n, group=0):
+    """Every rank's rows of one group of configs (the sweep's `|` parts) in the launch of N processes."""
+    return [r for r in result[n] if r["group"] == group]
 
 
 def test_bytes_per_rank_fall_as_one_over_n(smoke):
     """Parameters and gradients split EXACTLY (to_local() shards, uneven over 3 ranks, add up to the whole tensors);
     AdamW's exp_avg and exp_avg_sq too. Only its `step` counter, one 4-byte scalar per parameter tensor, is kept
     whole on every rank: the sum over N ranks has (N - 1) x 4 x tensors bytes more."""
-    _, s = smoke
+    s = smoke
     one = {(r["tools"], r["blocks"]): r for r in rows(s, 1)}
     for n in (2, 3):
         for (tools, blocks), whole in one.items():
@@ -84,16 +67,15 @@ def test_bytes_per_rank_fall_as_one_over_n(smoke):
 
 def test_tools_change_memory_and_time_not_the_maths(smoke):
     """Same data, same init: the tools give the plain FSDP run's loss after the steps (to 1e-5)."""
-    _, s = smoke
+    s = smoke
     for n in (1, 2, 3):
         loss = {(r["tools"], r["blocks"]): r["loss"] for r in rows(s, n) if r["rank"] == 0}
         for blocks in (0, 4):
             assert loss[("checkpoint-activations", blocks)] == pytest.approx(loss[("fsdp", blocks)], abs=1e-5)
             assert loss[("ddp", blocks)] == pytest.approx(loss[("fsdp", blocks)], abs=1e-4)  # another reduction order
-    tools = {(x["group"], x["tools"]): x["loss"] for x in s["c"]["tools_N2"]}
-    assert tools[(1, "checkpoint-activations")] == pytest.approx(tools[(1, "fsdp")], abs=1e-5)
+    tools = {r["tools"]: r["loss"] for r in rows(s, 2, group=1) if r["rank"] == 0}
     for name in ("no-reshard-after-forward", "prefetch"):
-        assert tools[(2, name)] == pytest.approx(tools[(2, "fsdp")], abs=1e-5)
+        assert tools[name] == pytest.approx(tools["fsdp"], abs=1e-5)
 
 
 def test_tool_flags_run_for_two_steps():
