@@ -1,18 +1,14 @@
 """Lesson 05 as FSDP2 is practised (issue 12), for real on CPU with gloo:
-meta-device initialisation, --init-from a full checkpoint, --grad-accum, --clip-grad, --amp,
-HSDP on a (2, 2) mesh, and an HSDP checkpoint that loads under plain FSDP on another number of ranks."""
-import os
-import subprocess
-import sys
-
+meta-device initialisation, --init-from a full checkpoint, --grad-accum, --clip-grad, --amp. HSDP on a (2, 2) mesh
+and its checkpoint loaded on 3 ranks are walked in 05_multigpu_fsdp_training/reference.md (and run on the Slurm test
+cluster, tests/test_slurm_hsdp.py); a 2-rank checkpoint loaded on 3, weights compared, in tests/test_exercises_05.py."""
 import pytest
 import torch
 
 import fsdp_workers
-from common.distributed import free_port
 from common.launcher import launch
 from common.model import Net
-from lessons import ROOT, SCRIPTS, assert_clean, metrics, run_script
+from lessons import assert_clean, metrics, run_script
 
 
 @pytest.fixture(scope="module")
@@ -52,40 +48,3 @@ def test_init_from_lesson_04_checkpoint_with_amp_and_clip(small, tmp_path):
     assert all(torch.allclose(exported[k], v, rtol=0, atol=1e-20) for k, v in weights.items())  # lr 1e-30 x ~1
     # A checkpoint of another --width is refused in one line: the bad-input matrix's real torchrun launch
     # (tests/test_bad_inputs.py, row 05-init-from-other-width).
-
-
-def two_node_torchrun(args, timeout=240):
-    """Two torchruns of 2 processes each on this machine, as on two nodes: LOCAL_WORLD_SIZE 2, WORLD_SIZE 4."""
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
-                               "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
-                               str(SCRIPTS["05"]), *map(str, args)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-             for node in (0, 1)]
-    try:
-        return [p.communicate(timeout=timeout) + (p.returncode,) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-
-
-def test_hsdp_on_2x2_then_its_checkpoint_loads_under_fsdp_on_3_ranks(small, tmp_path):
-    hsdp, fsdp = tmp_path / "hsdp", tmp_path / "fsdp"
-    (out0, err0, rc0), (out1, err1, rc1) = two_node_torchrun([*small, "--test-samples", 101, "--hsdp",
-                                                              "--grad-accum", 2, "--output-dir", hsdp])
-    assert rc0 == 0 and rc1 == 0, (out0 + err0 + out1 + err1)[-4000:]
-    assert "Warning" not in out0 + err0 + out1 + err1
-    assert "lesson 05: 4 processes, mesh (2, 2)" in out0, out0
-    m = metrics(hsdp)
-    assert m["world_size"] == 4 and [r["test_samples"] for r in m["epochs"]] == [101]
-    folder = hsdp / "checkpoints" / "ckpt-e0001-s0000000"
-    assert len(list(folder.glob("*.distcp"))) == 4
-    # Another world size, a 1-D mesh: DCP reshards; --epochs 1 again, so it only loads and exports.
-    proc = run_script("05", *small, "--test-samples", 101, "--grad-accum", 2, "--resume", folder,
-                      "--output-dir", fsdp, nproc=3)
-    assert_clean(proc)
-    assert "mesh (3,)" in proc.stdout and "nothing to train" in proc.stdout
-    saved, loaded = (torch.load(d / "model_full.pt", weights_only=True) for d in (hsdp, fsdp))
-    assert saved.keys() == loaded.keys() and all(torch.equal(loaded[k], v) for k, v in saved.items())

@@ -16,7 +16,6 @@ import types
 from pathlib import Path
 
 import pytest
-import torch
 
 from bad_input_runs import torchrun_report_problems
 from common.exits import run
@@ -94,10 +93,6 @@ class Terminal:
             self.proc.wait()
 
 
-def python(lesson, *args):
-    return [sys.executable, str(SCRIPTS[lesson]), *map(str, args)]
-
-
 def torchrun(lesson, *args):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPTS[lesson]),
             *map(str, args)]
@@ -110,60 +105,6 @@ def checkpoints(out: Path) -> list[str]:
 
 def no_traceback(lines):
     assert not [line for line in lines if "Traceback" in line], "\n".join(lines)
-
-
-# ---- lesson 02, plain python ------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def lesson02_ctrl_c(small, tmp_path_factory):
-    """An uninterrupted run and, at the same time, the same command interrupted at step 3 then resumed."""
-    base = tmp_path_factory.mktemp("ctrl_c_02")
-    args = [*small, "--train-samples", 640]
-    whole = Terminal(python("02", *args, "--output-dir", base / "whole"))  # 20 steps an epoch, in parallel
-    hit = Terminal(python("02", *args, "--output-dir", base / "hit"), env={"PYTHONPATH": INJECT,
-                                                                          "FAIL_AT_STEP": "0:3:WAIT"})
-    waiting = hit.wait_for("inject: rank 0 waits")
-    hit.ctrl_c()
-    stopped = {"code": hit.finish(), "lines": hit.lines, "waiting": waiting,
-               "checkpoints": checkpoints(base / "hit")}
-    resumed = run_script("02", *args, "--output-dir", base / "hit", "--resume", "auto", timeout=DEADLINE_S)
-    assert whole.finish() == 0, whole.lines[-20:]
-    return {"stopped": stopped, "resumed": resumed, "whole": base / "whole", "hit": base / "hit"}
-
-
-def test_ctrl_c_in_lesson_02_saves_a_checkpoint_and_resume_auto_continues_there(lesson02_ctrl_c):
-    """A learner pressed Ctrl-C during epoch 1 of `python mnist_singlegpu.py`, then ran the same command with
-    --resume auto: one `stopped by` line, exit 0, a checkpoint at step 3, and the resumed run finishes the job."""
-    stopped, resumed = lesson02_ctrl_c["stopped"], lesson02_ctrl_c["resumed"]
-    assert stopped["waiting"] == "inject: rank 0 waits at epoch 1 step 3"
-    assert stopped["code"] == 0, stopped["lines"][-20:]
-    said = [line for line in stopped["lines"] if line.startswith("stopped by")]
-    assert said == [f"stopped by Ctrl-C (SIGINT) at epoch 1 step 3, checkpoint saved: {CONTINUE}"], stopped["lines"]
-    assert not [line for line in stopped["lines"] if line.startswith(("error:", "interrupted"))]
-    no_traceback(stopped["lines"])
-    assert stopped["checkpoints"] == ["ckpt-e0000-s0000003.pt"]
-    assert_clean(resumed)
-    assert "continuing at epoch 1 step 3" in resumed.stdout, resumed.stdout
-    assert [e["epoch"] for e in metrics(lesson02_ctrl_c["hit"])["epochs"]] == [1, 2]
-
-
-def test_the_resumed_lesson_02_run_equals_an_uninterrupted_one(lesson02_ctrl_c):
-    """Same seed and flags, Ctrl-C at step 3 and --resume auto vs. no Ctrl-C: the same final weights, and every
-    test number and the second epoch's training loss bit-exact."""
-    whole, hit = metrics(lesson02_ctrl_c["whole"]), metrics(lesson02_ctrl_c["hit"])
-    for key in ("test_loss", "test_accuracy", "test_correct", "test_samples", "lr"):
-        assert [e[key] for e in hit["epochs"]] == [e[key] for e in whole["epochs"]], key
-    assert hit["epochs"][1]["train_loss"] == whole["epochs"][1]["train_loss"]
-    last = "ckpt-e0002-s0000000.pt"
-    a = torch.load(lesson02_ctrl_c["whole"] / "checkpoints" / last, weights_only=True)["model"]
-    b = torch.load(lesson02_ctrl_c["hit"] / "checkpoints" / last, weights_only=True)["model"]
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_the_interrupted_epochs_training_loss_equals_the_uninterrupted_one(lesson02_ctrl_c):
-    """metrics.json of the resumed run: epoch 1's train_loss, the epoch Ctrl-C cut in two, is the whole epoch's."""
-    whole, hit = metrics(lesson02_ctrl_c["whole"]), metrics(lesson02_ctrl_c["hit"])
-    assert hit["epochs"][0]["train_loss"] == whole["epochs"][0]["train_loss"]
 
 
 # ---- lesson 04, torchrun with 2 ranks ------------------------------------------------------------------------
