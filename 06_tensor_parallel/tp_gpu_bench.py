@@ -1,0 +1,166 @@
+"""DDP, FSDP2 and TP on the same TPNet, one after the other in one torchrun: seconds per step, peak memory, and the
+communication time predicted from the measured bus bandwidth against the profiled NCCL kernel time.
+
+    torchrun --standalone --nproc_per_node=2 06_tensor_parallel/tp_gpu_bench.py --data-dir .mnist \\
+        --blocks 4 --hidden 4096 --out runs/tp_gpu.json
+
+DDP and FSDP2 give each rank its own batch (a step trains N x --batch-size images), TP gives every rank the
+same one (a step trains --batch-size images), so the table shows images/s too. The predicted communication
+is docs/communication.md's wire bytes (06_tensor_parallel/comm_bytes.py) / bus bandwidth, the bandwidth
+measured here as lesson 01 does (all_reduce of 64 MiB, busbw = 2(n-1)/n x size / time). The profiled time
+sums the NCCL kernels' durations, which include the time a kernel waits for the other rank: an upper bound
+on the transfer time (DDP's kernels overlap backward, so they cost less than their sum). Peak memory: the most
+allocated during the timed steps, less what was allocated before the model was built (the data set). On CPU (gloo) it runs too, for checking.
+"""
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # the profiler's engine would print its start and stop lines
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.autograd import DeviceType  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from torch.utils.data import DistributedSampler  # noqa: E402
+
+from comm_bytes import predict, wire  # noqa: E402
+from common.data import load_mnist  # noqa: E402
+from common.distributed import launch_env, pick_device  # noqa: E402
+from common.loaders import DeviceLoader  # noqa: E402
+from tp_workers import lesson  # noqa: E402
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bus_bandwidth(device, world: int, size: int = 64 * 2**20, repeats: int = 10) -> float:
+    """Bytes/s each rank's link carries in a ring all_reduce of `size` bytes (lesson 01's busbw)."""
+    t = torch.ones(size // 4, device=device)
+    for _ in range(3):
+        dist.all_reduce(t)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        dist.all_reduce(t)
+    sync(device)
+    seconds = torch.tensor([(time.perf_counter() - start) / repeats], dtype=torch.float64, device=device)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return 2 * (world - 1) / world * size / seconds.item()
+
+
+def build(strategy: str, args, device, world: int):
+    L = lesson()
+    if strategy == "ddp":
+        torch.manual_seed(args.seed)
+        model = L.TPNet(blocks=args.blocks, hidden=args.hidden).to(device)
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None), world, 0
+    tp = world if strategy == "tp" else 1
+    mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    with torch.device("meta"):
+        model = L.TPNet(blocks=args.blocks, hidden=args.hidden)
+    L.parallelize(model, mesh)
+    model.to_empty(device=device)
+    L.init_weights(model, argparse.Namespace(seed=args.seed, width=1, blocks=args.blocks, hidden=args.hidden))
+    return model, mesh.size(0), mesh.get_local_rank("dp")
+
+
+def measure(strategy: str, args, device, world: int, dataset, busbw: float) -> dict:
+    gc.collect()  # the previous strategy's model and optimizer state, freed before this one is built
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0  # the data set, left out of peak
+    model, dp, dp_rank = build(strategy, args, device, world)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loader = DeviceLoader(dataset, args.batch_size, DistributedSampler(dataset, dp, dp_rank, seed=args.seed), device)
+    batches = iter(loader)
+
+    def step():
+        images, labels = next(batches)
+        F.nll_loss(model(images), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    sync(device)
+    seconds = (time.perf_counter() - start) / args.steps
+    peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else 0
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(args.profiled_steps):
+            step()
+        sync(device)
+    if device.type == "cuda":  # the NCCL kernels themselves (their CPU-side ops would count them a second time)
+        comm_s = sum(e.time_range.elapsed_us() for e in prof.events()
+                     if e.device_type == DeviceType.CUDA and "nccl" in e.name.lower()) / 1e6
+    else:  # gloo runs on CPU threads: its ops' CPU time
+        comm_s = sum(e.cpu_time_total for e in prof.key_averages() if "gloo" in e.key.lower()) / 1e6
+    payloads = predict({"ddp": "ddp", "fsdp2": "fsdp", "tp": "tp"}[strategy], args.blocks, args.hidden,
+                       args.batch_size, dp=dp, tp=world // dp)
+    wire_bytes = sum(wire(c, b, world) for c, b in payloads.items())  # one dimension of `world` ranks here
+    del model, optimizer
+    return {"strategy": strategy, "s_per_step": seconds, "images_per_s": dp * args.batch_size / seconds,
+            "peak_mib": peak / 2**20, "wire_mb_per_step": wire_bytes / 1e6,
+            "predicted_comm_ms": 1e3 * wire_bytes / busbw, "profiled_comm_ms": 1e3 * comm_s / args.profiled_steps}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", choices=["mnist", "synthetic"], default="mnist")
+    p.add_argument("--data-dir", default="data")
+    p.add_argument("--blocks", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--batch-size", type=int, default=64, help="images per rank (DDP, FSDP2), per TP group (TP)")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--profiled-steps", type=int, default=5)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default=None, help="also write the rows as JSON here")
+    args = p.parse_args()
+    env = launch_env()
+    device = pick_device("auto", env)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(dist.get_default_backend_for_device(device), rank=env.rank, world_size=env.world_size)
+    world = dist.get_world_size()
+    needed = (args.warmup + args.steps + args.profiled_steps) * args.batch_size * world
+    train, _, _ = load_mnist(args.data_dir, args.data, needed, 100, 0, seed=args.seed, is_main=env.rank == 0,
+                             barrier=dist.barrier)
+    busbw = bus_bandwidth(device, world)
+    rows = [measure(s, args, device, world, train, busbw) for s in ("ddp", "fsdp2", "tp")]
+    if env.rank == 0:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        print(f"{world} x {name}, torch {torch.__version__}, TPNet --blocks {args.blocks} --hidden {args.hidden}, "
+              f"{sum(p.numel() for p in lesson().TPNet(blocks=args.blocks, hidden=args.hidden).parameters()) / 1e6:.1f}"
+              f" M parameters, batch {args.batch_size}, {args.data}; busbw {busbw / 1e9:.2f} GB/s")
+        print(f"{'strategy':8} {'s/step':>8} {'img/s':>9} {'peak MiB':>9} {'wire MB':>8} {'pred ms':>8} {'prof ms':>8}")
+        for r in rows:
+            print(f"{r['strategy']:8} {r['s_per_step']:8.4f} {r['images_per_s']:9,.0f} {r['peak_mib']:9,.0f} "
+                  f"{r['wire_mb_per_step']:8.1f} {r['predicted_comm_ms']:8.2f} {r['profiled_comm_ms']:8.2f}")
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps({"device": name, "world": world, "torch": torch.__version__,
+                                                  "busbw": busbw, "args": vars(args), "rows": rows}, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
