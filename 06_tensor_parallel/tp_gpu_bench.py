@@ -104,7 +104,7 @@ def measure(strategy: str, args, device, world: int, dataset, busbw: float) -> d
     seconds = (time.perf_counter() - start) / args.steps
     peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else 0
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, acc_events=True) as prof:
         for _ in range(args.profiled_steps):
             step()
         sync(device)
@@ -139,7 +139,8 @@ def main():
     device = pick_device("auto", env)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(dist.get_default_backend_for_device(device), rank=env.rank, world_size=env.world_size)
+    dist.init_process_group(dist.get_default_backend_for_device(device), rank=env.rank, world_size=env.world_size,
+                            device_id=device if device.type == "cuda" else None)
     world = dist.get_world_size()
     needed = (args.warmup + args.steps + args.profiled_steps) * args.batch_size * world
     train, _, _ = load_mnist(args.data_dir, args.data, needed, 100, 0, seed=args.seed, is_main=env.rank == 0,

@@ -12,6 +12,7 @@ SCRIPTS = {
     "03": ROOT / "03_dp_training" / "mnist_dpmodel.py",
     "04": ROOT / "04_ddp_training" / "mnist_ddpmodel.py",
     "05": ROOT / "05_multigpu_fsdp_training" / "mnist_fsdpmodel.py",
+    "06": ROOT / "06_tensor_parallel" / "mnist_tpmodel.py",
 }
 
 
