@@ -1,4 +1,6 @@
 """The checkpoint folder: atomic writes, which checkpoint resumes, keep-last-N, refusing to mix runs."""
+import io
+import json
 import signal
 import subprocess
 import sys
@@ -159,3 +161,15 @@ def test_writer_killed_mid_save_leaves_previous_checkpoint(tmp_path):
     proc.wait()
     assert path.read_bytes() == before
     assert torch.load(path, weights_only=True) == {"epoch": 1}
+
+
+def test_a_mid_epoch_checkpoint_of_2_ranks_resumed_by_1_keeps_every_ranks_loss_sums():
+    """Exact replay needs the same ranks; on another number, rank 0 carries the old ranks' sums of the epoch."""
+    states = [{"torch": torch.get_rng_state(), "partial": json.dumps({"loss_sum": 3.0, "count": 10, "seconds": 1.5})},
+              {"torch": torch.get_rng_state(), "partial": json.dumps({"loss_sum": 5.0, "count": 12, "seconds": 2.5})}]
+    buffer = io.BytesIO()
+    torch.save(states, buffer)
+    position = Position()
+    position.load_state_dict({"epoch": 1, "step": 11, "rng": buffer.getvalue()})  # one process, no group
+    meter = position.meter("cpu")
+    assert (meter.loss_sum.item(), meter.count) == (8.0, 22)

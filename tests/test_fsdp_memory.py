@@ -25,17 +25,19 @@ SWEEP = ("blocks=0,4;hidden=256;steps=2;tools=ddp,fsdp,checkpoint-activations"
 
 
 @pytest.fixture(scope="module")
-def smoke():
+def smoke(tmp_path_factory):
     """{N: every rank's rows} of one torchrun launch of the sweep per N."""
-    found = {}
+    found, trace = {}, tmp_path_factory.mktemp("fsdp-trace") / "trace.json"
     for n in (1, 2, 3):
+        profile = ["--profile", str(trace)] if n == 2 else []  # the last config's last 3 steps, traced by rank 0
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-                               str(MEMORY), "--device", "cpu", "--batch-size", "8", "--sweep", SWEEP],
+                               str(MEMORY), "--device", "cpu", "--batch-size", "8", "--sweep", SWEEP, *profile],
                               capture_output=True, text=True, timeout=300, cwd=ROOT,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert "Warning" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
         found[n] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert json.loads(trace.read_text())["traceEvents"], "the --profile trace holds no event"
     return found
 
 

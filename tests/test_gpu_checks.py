@@ -326,3 +326,15 @@ def test_lesson_02_float16_on_the_cpu_resumes_exactly(tmp_path, synthetic_dir):
     assert [{k: e[k] for k in keys} for e in metrics(tmp_path / "whole")["epochs"]] == \
         [{k: e[k] for k in keys} for e in metrics(tmp_path / "cut")["epochs"]]
     assert metrics(tmp_path / "whole")["args"]["amp"] == "fp16"
+
+
+def test_lesson_03_names_the_path_between_gpus(monkeypatch):
+    """DataParallel copies through GPU 0 at every step: lesson 03 says whether those copies go peer to peer."""
+    spec = importlib.util.spec_from_file_location("mnist_dpmodel", SCRIPTS["03"])
+    lesson = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lesson)
+    assert lesson.describe_gpu_paths(1) == "one device: no copies between GPUs"
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda a, b: b == 1)  # GPU 2 only through the host
+    lines = lesson.describe_gpu_paths(3).splitlines()
+    assert lines[0] == "GPU 0 <-> GPU 1: peer-to-peer access (NVLink or PCIe): direct copies"
+    assert lines[1].startswith("warning: GPU 0 <-> GPU 2: no peer access, every copy goes through host memory")
