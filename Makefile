@@ -22,9 +22,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Two pytest workers (tests/conftest.py says how the tests are shared out); TEST_WORKERS=0 runs them in one process.
+# --durations=10: the ten slowest tests, printed at the end of every run, so a slow new test shows at once.
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=10 tests
 
 # `make test` under coverage.py, subprocesses included (.coveragerc): line and branch coverage per file,
 # in the terminal and in build/coverage/html/index.html. The report is printed even when a test fails.
