@@ -20,8 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # the profiler's engine would print its start and stop lines
 
 import torch  # noqa: E402
