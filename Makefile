@@ -36,11 +36,16 @@ coverage: setup
 	$(PY) -m coverage html --quiet -d build/coverage/html && exit $$status
 
 # The oldest torch the course supports (pyproject's floor), in its own venv: the lessons run on it too.
+# On x86_64, PyPI's torch 2.9.1 is a CUDA build (about 3 GB of wheels): a dropped download is retried.
 FLOOR_TORCH ?= torch==2.9.1 torchvision==0.24.1
 test-floor:
 	test -x .venv-floor/bin/python || $(PYTHON) -m venv .venv-floor
 	.venv-floor/bin/python -m pip install --quiet --upgrade pip
-	.venv-floor/bin/python -m pip install --quiet $(FLOOR_TORCH) && .venv-floor/bin/python -m pip install --quiet -e '.[dev]'
+	for attempt in 1 2 3; do \
+	  .venv-floor/bin/python -m pip install --quiet --resume-retries 10 $(FLOOR_TORCH) && break; \
+	  [ $$attempt -lt 3 ] || exit 1; echo "test-floor: installing $(FLOOR_TORCH) failed (attempt $$attempt of 3), retrying"; \
+	done
+	.venv-floor/bin/python -m pip install --quiet -e '.[dev]'
 	.venv-floor/bin/python -c "import torch; assert torch.__version__.startswith('2.9.'), torch.__version__"
 	.venv-floor/bin/python -m pytest tests/test_lessons.py tests/test_fsdp.py tests/test_config_and_logging.py
 
