@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from common.amp import autocast_dtype
 from common.checkpoints import CheckpointDir
-from common.cli import base_parser, parse
+from common.cli import base_parser, parse, positive_int
 from common.config import save_config
 from common.data import load_mnist
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
@@ -217,13 +217,13 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, position, history
 
 def main(argv=None):
     parser = base_parser(LESSON, "Lesson 06: MNIST with tensor parallelism inside FSDP2 (a 2-D mesh)")
-    parser.add_argument("--tp", type=int, default=2,
+    parser.add_argument("--tp", type=positive_int, default=2,
                         help="tensor-parallel degree: processes per TP group; data-parallel degree = processes / "
                              "TP (default: 2; 1 is lesson 05's FSDP2)")
     args = parse(parser, argv)
     hidden = args.hidden or 128 * args.width
-    if args.tp < 1 or EXPAND * hidden % args.tp:  # ColwiseParallel cuts the EXPAND x hidden features evenly
-        parser.error(f"argument --tp: must be >= 1 and divide the {EXPAND} x {hidden} features of a block, "
+    if EXPAND * hidden % args.tp:  # ColwiseParallel cuts the EXPAND x hidden features evenly
+        parser.error(f"argument --tp: must divide the {EXPAND} x {hidden} features of a block, "
                      f"got {args.tp}")
     checkpoints = CheckpointDir(args, LESSON, sharded=True)
     resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused

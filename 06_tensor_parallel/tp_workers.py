@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.debug import CommDebugMode, visualize_sharding
 from torch.distributed.tensor.parallel import parallelize_module
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
@@ -171,6 +171,10 @@ def show_placements() -> None:
     partial = DTensor.from_local(torch.full((2,), rank + 1.0), mesh, [Partial()])  # rank 0 holds 1s, rank 1 2s
     print(f"[rank {rank}] Partial()     local {partial.to_local().tolist()}, full_tensor() (the sum over ranks) "
           f"{partial.full_tensor().tolist()}")
+    for placement in (Shard(0), Shard(1)):  # DTensor's own picture of who holds which rows and columns (rank 0)
+        if rank == 0:
+            print(f"visualize_sharding, {placement!r} (cpu:N is rank N):")
+        visualize_sharding(distribute_tensor(full, mesh, [placement]))  # needs the tabulate package
 
 
 def pair_by_hand(hidden: int = 4, batch: int = 2) -> None:

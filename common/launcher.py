@@ -4,8 +4,8 @@
     import collective_workers                       # the worker lives in a .py file
     results = launch(collective_workers.all_reduce, nprocs=2)   # [3.0, 3.0]
 
-Why not torch.multiprocessing.spawn with a function typed into the notebook? The spawn start
-method pickles a function by reference, and a child cannot import a notebook's __main__. So the
+Why not torch.multiprocessing.spawn with a function typed into the notebook? A new process gets the
+function by reference (pickled by name), and it cannot import a notebook's __main__. So the
 worker must live in a .py file and we pass it by reference.
 
 What every worker gets:
@@ -78,7 +78,8 @@ class _LineSender(io.TextIOBase):
 
 
 def _worker(rank: int, world_size: int, port: int, threads: int, payload: bytes, results) -> None:
-    # Before anything imports torch (fn's module is unpickled below): torchrun's variables, no GPU.
+    # Before fn's module is unpickled below: torchrun's variables, no GPU. torch, imported by the forkserver,
+    # has not touched CUDA: it reads CUDA_VISIBLE_DEVICES at its first CUDA call, here in the worker.
     os.environ.update(worker_environment(rank, world_size, port, threads))
     sys.stdout = _LineSender(rank, "stdout", results)
     sys.stderr = _LineSender(rank, "stderr", results)
@@ -118,6 +119,16 @@ def _replay(lines: dict[int, list], nprocs: int) -> None:
     sys.stdout.flush()
 
 
+def _context():
+    """Fresh processes that start fast: forked from a server process that has imported torch once (it never
+    touches a GPU, so each child still decides for itself what it sees). Where there is no forkserver, spawn."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    return ctx
+
+
 def launch(fn, nprocs: int = 2, args: tuple = (), timeout_s: float = 300.0) -> list:
     """Run ``fn(*args)`` in ``nprocs`` fresh CPU processes as ranks 0..nprocs-1; return their results by rank.
 
@@ -129,7 +140,7 @@ def launch(fn, nprocs: int = 2, args: tuple = (), timeout_s: float = 300.0) -> l
         raise TypeError(f"{getattr(fn, '__name__', fn)} is defined in this notebook: the worker processes "
                         "cannot import it. Put it in a .py file next to the notebook and import it from there")
     payload = pickle.dumps((fn, tuple(args)))  # unpickled in the child only after its environment is set
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // nprocs)
     # The store the ranks meet at, bound here on a port the OS picks: choosing a free port and letting rank 0

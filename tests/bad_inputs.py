@@ -1,7 +1,8 @@
 """THE table of learner mistakes, and how one row runs in-process and is judged. One place: a new flag gets rows.
 
 Every lesson script (02-05, and 01's download_mnist.py; hello_distributed.py and check_env.py: their one flag,
---device) gets the same mistakes, each run once in-process as `python SCRIPT ...` would run it:
+--device; lesson 06: the value rows and its --tp mistakes) gets the same mistakes, each run once in-process
+as `python SCRIPT ...` would run it:
 
   values         zero, a negative and a non-number for EVERY numeric flag of the script's own parser, a
                  typo'd flag, a choice out of range, a typo'd --compile backend, --patience without
@@ -43,6 +44,9 @@ from lessons import ROOT, SCRIPTS as LESSON_SCRIPTS
 SCRIPTS = {**{k: v for k, v in LESSON_SCRIPTS.items() if k != "01"}, "download": ROOT / "01_setup" / "download_mnist.py",
            "check_env": ROOT / "01_setup" / "check_env.py", "hello": ROOT / "01_setup" / "hello_distributed.py"}
 LESSONS = ("02", "03", "04", "05")
+# Lesson 06 has, so far, only the rows of its parser: the value rows and its --tp mistakes (the path, launch and
+# interruption rows need checkpoints of it in the session's artifacts).
+PARSER_ONLY = ("06",)
 MODES = ("python", "torchrun")
 # The rows (by name, after the lesson number) that also run under torchrun in lessons 04 and 05 (see above).
 TORCHRUN_ROWS = ("data-dir-typo", "resume-other-lesson", "resume-truncated", "resume-broken-sharded",
@@ -266,8 +270,17 @@ def _device_flag_rows() -> list[Case]:
              needles=("unrecognized arguments: --devise",)))]
 
 
+def _tp_rows() -> list[Case]:
+    return _value_rows("06") + [
+        Case("06-tp-not-an-integer", "06", "--tp 1.5", ("--tp", "1.5"), needles=("argument --tp: '1.5' is not an integer",)),
+        Case("06-tp-not-a-divisor", "06", "--tp 3 (the 4 x 128 features of a block split in 3?)", ("--tp", "3"),
+             needles=("argument --tp: must divide the 4 x 128 features of a block, got 3",)),
+    ]
+
+
 def build_table() -> list[Case]:
-    rows = [row for lesson in LESSONS for row in _lesson_rows(lesson)] + _download_rows() + _device_flag_rows()
+    rows = [row for lesson in LESSONS for row in _lesson_rows(lesson)] + _tp_rows() + _download_rows() + \
+        _device_flag_rows()
     ids = [row.id for row in rows]
     assert len(ids) == len(set(ids)), "duplicate row ids"
     return rows

@@ -30,7 +30,7 @@ import pytest
 
 from bad_input_runs import (Context, leftovers, make_artifacts, prepare, problems, run_in_process,
                             torchrun_report_problems)
-from bad_inputs import LESSONS, ROOT, SCRIPTS, ZERO_ALLOWED, build_table, lesson_parser, load_script, numeric_flags
+from bad_inputs import LESSONS, PARSER_ONLY, ROOT, SCRIPTS, ZERO_ALLOWED, build_table, lesson_parser, load_script, numeric_flags
 
 pytestmark = pytest.mark.timeout(300)  # the first test also pays for the module's setup (artifacts, launches)
 TABLE = build_table()
@@ -129,18 +129,18 @@ def matrix(tmp_path_factory, synthetic_dir):
 
 def test_every_numeric_flag_of_every_script_has_its_three_rows(matrix):
     """A maintainer added a numeric flag: it gets zero, negative and non-numeric rows without editing the table."""
-    for script in [*LESSONS, "download"]:
+    for script in [*LESSONS, *PARSER_ONLY, "download"]:
         flags = numeric_flags(lesson_parser(script))
         for flag, _ in flags:
             for kind in ("zero", "negative", "not-a-number"):
                 assert f"{script}-{flag.lstrip('-')}-{kind}" in ROWS, (script, flag, kind)
-        if script in LESSONS:
+        if script in LESSONS + PARSER_ONLY:
             assert len(flags) >= 20 and ZERO_ALLOWED <= {flag for flag, _ in flags}, flags
         if script == "05":
             assert {"--hsdp", "--init-from"} <= {s for a in lesson_parser("05")._actions for s in a.option_strings}
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.parametrize("lesson", LESSONS + PARSER_ONLY)
 def test_the_lesson_parser_has_every_shared_flag_with_the_shared_checks(lesson):
     """base_parser's flags, each with the same type (range check), choices, default and arity in the lesson's own
     parser: a mistake the shared parser refuses is refused by every lesson, whichever launcher started it."""

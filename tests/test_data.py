@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 import torchvision
 
 from common.data import MNIST_MEAN, MNIST_STD, load_mnist, split_validation
@@ -246,32 +245,3 @@ def test_download_failure_names_the_fixes(tmp_path, http_folder, monkeypatch, wh
     assert_one_line_fix(e.value, *(f"{name}.gz" for name in RAW_FILES), f"into {tmp_path / 'MNIST' / 'raw'}/")
     assert torchvision.datasets.MNIST.mirrors == mirrors
 
-
-# ---------------------------------------------------------------- learnability
-
-
-def test_classic_cnn_learns_synthetic_digits(synthetic_dir):
-    from common.model import Net
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        torch.manual_seed(0)
-        train, _, test = load_mnist(synthetic_dir, kind="synthetic", train_samples=3000, test_samples=1000)
-        model = Net()
-        opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
-        train_loader = torch.utils.data.DataLoader(train, batch_size=64, shuffle=True, num_workers=0)
-        for _ in range(2):
-            model.train()
-            for x, y in train_loader:
-                opt.zero_grad()
-                F.nll_loss(model(x), y).backward()
-                opt.step()
-        model.eval()
-        x, y = next(iter(torch.utils.data.DataLoader(test, batch_size=len(test))))
-        with torch.no_grad():
-            accuracy = (model(x).argmax(1) == y).float().mean().item()
-    finally:
-        torch.set_num_threads(threads)
-    print(f"accuracy after 2 epochs on 3000 synthetic images: {accuracy:.3f}")
-    assert accuracy > 0.90
