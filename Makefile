@@ -35,19 +35,24 @@ coverage: setup
 	$(PY) -m coverage combine --quiet && $(PY) -m coverage report && \
 	$(PY) -m coverage html --quiet -d build/coverage/html && exit $$status
 
-# The oldest torch the course supports (pyproject's floor), in its own venv: the lessons run on it too.
-# On x86_64, PyPI's torch 2.9.1 is a CUDA build (about 3 GB of wheels): a dropped download is retried.
+# The oldest torch the course supports (pyproject's floor), in its own venv: the lessons run on it too. One test is
+# left out: on torch 2.9, fully_shard reduce-scatters even over lesson 06's 1-rank "dp" mesh, so a 1 x 2 mesh counts
+# one reduce_scatter per unit more than its README derives (torch 2.14 does not; measured with both).
+# On x86_64, PyPI's torch 2.9.1 is a CUDA build: about 3 GB of wheels and 7 GB installed, so no pip cache (it would
+# hold the wheels a second time), and a dropped download is retried.
 FLOOR_TORCH ?= torch==2.9.1 torchvision==0.24.1
 test-floor:
 	test -x .venv-floor/bin/python || $(PYTHON) -m venv .venv-floor
 	.venv-floor/bin/python -m pip install --quiet --upgrade pip
 	for attempt in 1 2 3; do \
-	  .venv-floor/bin/python -m pip install --quiet --resume-retries 10 $(FLOOR_TORCH) && break; \
-	  [ $$attempt -lt 3 ] || exit 1; echo "test-floor: installing $(FLOOR_TORCH) failed (attempt $$attempt of 3), retrying"; \
+	  .venv-floor/bin/python -m pip install --quiet --no-cache-dir --resume-retries 10 $(FLOOR_TORCH) && break; \
+	  echo "test-floor: installing $(FLOOR_TORCH) failed (attempt $$attempt of 3); disk: $$(df -h . | tail -1)"; \
+	  [ $$attempt -lt 3 ] || exit 1; \
 	done
 	.venv-floor/bin/python -m pip install --quiet -e '.[dev]'
 	.venv-floor/bin/python -c "import torch; assert torch.__version__.startswith('2.9.'), torch.__version__"
-	.venv-floor/bin/python -m pytest tests/test_lessons.py tests/test_fsdp.py tests/test_config_and_logging.py
+	.venv-floor/bin/python -m pytest tests/test_lessons.py tests/test_fsdp.py tests/test_config_and_logging.py \
+	    tests/test_tensor_parallel.py --deselect tests/test_tensor_parallel.py::test_tp_on_2_ranks_and_the_checkpoint_on_1x2
 
 # A real two-node Slurm cluster on this machine (needs root; apt-installs slurm and munge if missing).
 test-slurm: setup
