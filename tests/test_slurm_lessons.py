@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm.jobs import (  # noqa: F401 (test_slurm_preemption.py and test_slurm_hsdp.py import them from here)
+from slurm.jobs import (  # noqa: F401 (test_slurm_preemption.py imports some from here)
     ROOT, SCRIPTS, SOURCE_LINE, FAKEBIN, DEADLINE_S, TEST_SAMPLES, LEAKY, TRAINING, PREEMPTIBLE,
     RANK_LINE, text, directives, shared_part, fake_job_env, probe_job_env, Job, sbatch, log_path, wait, job_log,
     before_exit_barrier_race, completed, check_metrics, rank_lines, task_lines)

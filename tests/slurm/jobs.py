@@ -1,6 +1,7 @@
 """What the Slurm tests of the lesson scripts share: the scripts, the environment a job must not inherit,
 sbatch as a learner runs it, waiting for a job, and reading its log and metrics.
-test_slurm_lessons.py, test_slurm_sweep.py, test_slurm_preemption.py and test_slurm_hsdp.py use it."""
+test_slurm_lessons.py, test_slurm_sweep.py, test_slurm_preemption.py, test_slurm_hsdp.py and test_slurm_lesson06.py
+use it."""
 import json
 import os
 import re
@@ -179,3 +180,37 @@ def task_lines(log):
     for rank, node, local_rank, cvd in TASK_LINE.findall(log):
         by_node.setdefault(node, []).append((int(rank), int(local_rank), cvd))
     return {node: sorted(rows) for node, rows in by_node.items()}
+
+
+# ---- lessons 05 and 06: the multi-node FSDP2 scripts (HSDP; TP x FSDP2) ---------------------------------
+
+def check_multinode_shape(script, template, job_name, ending):
+    """`script` is `template` (the multi-node script of the lesson before) but its job name and its last line."""
+    body, shape = (ROOT / script).read_text(), (ROOT / template).read_text()
+    assert subprocess.run(["bash", "-n", str(ROOT / script)]).returncode == 0
+    d, t = directives(body), directives(shape)
+    assert d["--job-name"] == job_name and {**d, "--job-name": None} == {**t, "--job-name": None}
+    assert shared_part(body) == shared_part(text("ddp_multinode"))  # the same set-up (slurm/job_env.sh, site.sh)
+    assert body.rstrip().endswith(ending)
+    assert re.search(r"""bash -c 'trap "" USR1; exec "\$@"' _ \\\n    torchrun --nnodes="\$SLURM_NNODES" """, body)
+
+
+def two_nodes_two_processes_each(cluster, script, name, synthetic_dir, tmp_path, *extra):
+    """`script` submitted unchanged to both test nodes, 2 processes each, 3 steps of one epoch on 101 test images:
+    (job, log, rank rows) once it COMPLETED with 4 ranks, one epoch line, 4 DCP shards and the exported model."""
+    workdir = tmp_path / "job"
+    (workdir / "logs").mkdir(parents=True)
+    out_dir = workdir / "out"
+    args = ["--data", "synthetic", "--data-dir", synthetic_dir, "--train-samples", 512, "--test-samples", 101,
+            "--epochs", 1, "--max-steps", 3, "--device", "cpu", "--num-workers", 0, *extra, "--output-dir", out_dir]
+    env = {"NPROC_PER_NODE": "2", "OUTPUT_ROOT": str(workdir / "runs")}
+    job = Job(name, sbatch(cluster, script, args, 2, env, ROOT, workdir), workdir, out_dir, time.monotonic() + 150)
+    log = completed(cluster, job)
+    assert f"resume: starting fresh (no checkpoint in {out_dir}" in log, log
+    rows = rank_lines(log)
+    assert [r for r, *_ in rows] == [0, 1, 2, 3] and {w for _, _, w, _ in rows} == {4}, log
+    assert log.count("epoch 1 |") == 1, log
+    check_metrics(job, 4, 101)  # test_samples exactly 101: every test image counted once
+    assert len(list((out_dir / "checkpoints" / "ckpt-e0001-s0000000").glob("*.distcp"))) == 4
+    assert (out_dir / "model_full.pt").stat().st_size > 0
+    return job, log, rows
