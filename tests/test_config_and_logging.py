@@ -84,3 +84,11 @@ def test_curves_title_says_when_the_digits_were_synthetic(tmp_path, monkeypatch)
         record = {"lesson": "04_ddp_training", "world_size": 2, "device": "cpu", "args": {"data": data}, "epochs": [row]}
         plot_curves(record, tmp_path / f"{data}.png")
     assert titles == ["04_ddp_training: 2 processes, cpu, SYNTHETIC digits (not MNIST)", "04_ddp_training: 2 processes, cpu"]
+
+
+def test_a_log_file_gets_a_progress_line_where_a_terminal_gets_a_bar(capsys):
+    """In a Slurm log (not a terminal) rank 0 prints `desc: step i/total` every `every_s` seconds, not a tqdm bar."""
+    from common.log import _periodic
+
+    assert list(_periodic(range(3), "epoch 1", 3, every_s=0)) == [0, 1, 2]
+    assert capsys.readouterr().out.splitlines() == ["epoch 1: step 1/3", "epoch 1: step 2/3", "epoch 1: step 3/3"]

@@ -12,6 +12,16 @@ def test_launcher_returns_each_ranks_result():
     assert launch(workers.sum_rank, nprocs=3, args=(None,), timeout_s=60) == [[3.0, 3.0]] * 3
 
 
+def test_without_a_forkserver_the_launcher_spawns(monkeypatch):
+    """Where multiprocessing has no forkserver (Windows), the workers start with spawn: slower, the same results."""
+    import common.launcher as launcher
+
+    monkeypatch.setattr(launcher.mp, "get_all_start_methods", lambda: ["spawn"])
+    assert launcher._context().get_start_method() == "spawn"
+    monkeypatch.undo()
+    assert launcher._context().get_start_method() == "forkserver"  # Linux and macOS
+
+
 def test_launcher_reraises_a_workers_exception_without_hanging():
     with pytest.raises(WorkerError, match="rank 1 failed: ValueError: boom from rank 1") as info:
         launch(workers.raise_on_rank, nprocs=2, args=(1,), timeout_s=60)
