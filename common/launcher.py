@@ -13,9 +13,9 @@ What every worker gets:
     MASTER_ADDR, MASTER_PORT), so a plain ``dist.init_process_group("gloo")`` inside it works;
     like torchrun's agent, the launcher itself hosts the rendezvous store on a port it has already
     bound (TORCHELASTIC_USE_AGENT_STORE), so no other program can take that port first;
-  * NO GPU: CUDA_VISIBLE_DEVICES="" is set in the child before it imports torch, so the workers
-    run on the CPU with gloo even on a workstation with one GPU (two processes cannot each
-    have a GPU of their own there);
+  * NO GPU: CUDA_VISIBLE_DEVICES="" is set in the child before its first CUDA call (when torch
+    reads it), so the workers run on the CPU with gloo even on a workstation with one GPU (two
+    processes cannot each have a GPU of their own there);
   * its own share of the CPU cores (torch.set_num_threads).
 
 What comes back: each rank's return value, in rank order. What the workers print is collected

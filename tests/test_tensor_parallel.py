@@ -68,14 +68,7 @@ def test_the_script_trains_on_a_2x2_mesh(run_2x2):
     plain.load_state_dict(torch.load(out / "model_full.pt", weights_only=True))  # a plain TPNet's weights
 
 
-@pytest.mark.parametrize("tp, why", [(0, "must be >= 1"), (-2, "must be >= 1"), (3, "divide the 4 x 16 features")])
-def test_bad_tp_is_one_line_and_exit_2(tp, why, tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        run(tp_workers.lesson().main, ["--tp", tp, "--hidden", HIDDEN, "--output-dir", tmp_path / "r"])
-    err = capsys.readouterr().err.strip()
-    assert exit_.value.code == 2 and err.startswith("error: argument --tp") and why in err and "\n" not in err
-
-
+# --tp 0, -1, 1.5 and 3 (not a divisor of 4 x hidden): rows of the bad-input table (tests/bad_inputs.py)
 def test_tp_not_dividing_the_processes_is_one_line(tmp_path, capsys, monkeypatch):
     for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "6",
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
