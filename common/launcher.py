@@ -91,6 +91,10 @@ def _worker(rank: int, world_size: int, port: int, threads: int, payload: bytes,
         fn, args = pickle.loads(payload)
         value = fn(*args)
         if dist.is_initialized():  # a worker that forgot to clean up must not block the others' exit
+            # init_process_group returns once THIS rank's connections are made (no barrier after it unless
+            # TORCH_DIST_INIT_BARRIER=1): leaving at once could close a socket that a slower rank is still
+            # connecting to ("Gloo connectFullMesh failed ... Connection closed by peer").
+            dist.barrier()
             dist.destroy_process_group()
         sys.stdout.flush()
         sys.stderr.flush()

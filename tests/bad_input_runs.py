@@ -22,6 +22,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch.distributed as dist
+
 from bad_inputs import LESSONS, SCRIPTS, SMALL, Case, lesson_parser, load_script
 
 
@@ -110,6 +112,8 @@ def _injected(case: Case, module):
     original = module.load_mnist
 
     def interrupted(*args, **kwargs):
+        if dist.is_initialized():  # a real Ctrl-C reaches every rank at once: none may still be connecting (a
+            dist.barrier()         # rank that leaves first would end a slower peer's connect, not its Ctrl-C)
         signal.raise_signal(signal.SIGINT)  # the default handler raises KeyboardInterrupt right here
         return original(*args, **kwargs)
 

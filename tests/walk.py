@@ -5,7 +5,9 @@
 
 The pages: README.md, then each lesson's README.md and reference.md. Each page is walked on its own, in a
 fresh copy of the course (the files git tracks or would track: no runs/, no data/), from the course folder,
-with the learner's environment (the venv first on PATH, OMP_NUM_THREADS unset, PYTHONUNBUFFERED=1). Real
+with the learner's environment (the venv first on PATH, OMP_NUM_THREADS unset, PYTHONUNBUFFERED=1; and
+OMP_WAIT_POLICY=PASSIVE, so that torch's idle threads sleep instead of spinning on cores the tests share: the
+same numbers, printed sooner). Real
 MNIST goes to data/MNIST/raw when it can be found ($MNIST_DIR, else ../shared/data/mnist next to the course:
 a folder holding MNIST/raw); without it, the blocks that train on it are skipped, and say so.
 
@@ -184,7 +186,7 @@ def prepare(course: Path, dest: Path, mnist: Path | None) -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_NUM_THREADS", "WORKSHOP_DATA_DIR", "MNIST_MIRROR", "NOTEBOOK_OUTPUT_DIR", "PYTHONHOME")}
     env.update(PATH=f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(VENV),
-               PYTHONPATH=str(dest), PYTHONUNBUFFERED="1")
+               PYTHONPATH=str(dest), PYTHONUNBUFFERED="1", OMP_WAIT_POLICY="PASSIVE")
     return env
 
 
