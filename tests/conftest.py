@@ -20,7 +20,7 @@ SLOW_FIRST = ["test_slurm_", "test_troubleshooting.py", "test_readme_walk.py", "
               "test_bad_inputs.py", "test_reliability.py", "test_notebooks.py", "test_interrupts.py",
               "test_early_stopping.py", "test_tensor_parallel.py", "test_notebook_06.py", "test_exercises_"]
 ONE_WORKER = {"test_bad_inputs.py", "test_early_stopping.py", "test_fsdp_memory.py", "test_interrupts.py",
-              "test_predict.py", "test_reliability.py", "test_troubleshooting.py"}
+              "test_predict.py", "test_troubleshooting.py"}
 
 
 def group(nodeid: str) -> str:

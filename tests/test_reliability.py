@@ -1,22 +1,16 @@
 """Exact resume, preemption signals, no hangs, and one-line errors, for real (elastic restarts: the walk of
 lesson 04's reference page).
 
-A stopped run is judged against ONE uninterrupted run of the same flags, and a resume after an epoch starts from
-a copy of ONE run that ended there (shared_run): each behaviour is launched once, its reference is shared (so
-this module runs on one pytest worker: tests/conftest.py).
+A stopped run is judged against an uninterrupted run of the same flags.
 """
-import shutil
 import socket
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from common.launcher import WorkerError, launch
 from lessons import INJECT, SCRIPTS, assert_clean, metrics, run_script
-
-NPROC = {"02": None, "04": 2, "05": 2}
 
 
 @pytest.fixture(scope="module")
@@ -29,26 +23,6 @@ def small(synthetic_dir):
 # 1600 training images on 2 ranks in batches of 32: 25 steps an epoch, so a stop can be agreed at step 20.
 # --clip-grad: a resumed epoch stopped before its first step must not clip (unscale) gradients it never made.
 EXACT = ["--train-samples", 1600, "--test-samples", 1001, "--test-batch-size", 500, "--clip-grad", 0.5]
-
-
-@pytest.fixture(scope="module")
-def shared_run(small, tmp_path_factory):
-    """(lesson, epochs) -> the folder of one run of the EXACT flags, made on first use: 3 epochs is the
-    uninterrupted reference, 1 epoch the run every resume starts from (a copy of it: copy_of)."""
-    runs = {}
-
-    def run(lesson, epochs):
-        if (lesson, epochs) not in runs:
-            out = tmp_path_factory.mktemp(f"run-{lesson}-{epochs}")
-            assert_clean(run_script(lesson, *small, *EXACT, "--epochs", epochs, "--output-dir", out,
-                                    nproc=NPROC[lesson]))
-            runs[lesson, epochs] = out
-        return runs[lesson, epochs]
-    return run
-
-
-def copy_of(folder, tmp_path):
-    return Path(shutil.copytree(folder, tmp_path / "resumed"))
 
 
 def newest(out_dir):
@@ -67,58 +41,34 @@ def same_numbers(a, b):
     return [{k: e[k] for k in keep} for e in a["epochs"]] == [{k: e[k] for k in keep} for e in b["epochs"]]
 
 
-# lesson 05 (DCP); lesson 04 resumes exactly mid-epoch in the SIGUSR1 test below, after an epoch in
-# tests/test_early_stopping.py and in the walk of its reference page (an elastic restart); lesson 02 mid-epoch in
-# tests/test_exercises_02.py
-@pytest.mark.parametrize("lesson", ["05"])
-def test_resume_after_epoch_k_is_exact(lesson, small, shared_run, tmp_path):
-    split, whole = copy_of(shared_run(lesson, 1), tmp_path), shared_run(lesson, 3)
-    proc = run_script(lesson, *small, *EXACT, "--epochs", 3, "--output-dir", split, "--resume", "auto",
-                      nproc=NPROC[lesson])
-    assert_clean(proc)
-    assert "resume: from" in proc.stdout and "epoch 1 |" not in proc.stdout
-    assert same_numbers(metrics(whole), metrics(split))  # every epoch once, same losses and accuracies
-    for name, value in final_weights(whole, lesson).items():
-        assert torch.equal(value, final_weights(split, lesson)[name]), name
-    assert metrics(split)["epochs"][-1]["test_samples"] == 1001
-
-
-@pytest.mark.parametrize("lesson", ["05"])  # lesson 04: in the SIGUSR1 test, on its stopped run
-def test_a_stop_before_the_first_step_of_a_resumed_epoch_with_clip_grad(lesson, small, tmp_path):
-    """The stop is agreed at step 10; the resumed run is asked to stop again before its first step."""
-    args = [*small, "--train-samples", 1600, "--epochs", 1, "--clip-grad", 0.5, "--output-dir", tmp_path]
-    assert_clean(run_script(lesson, *args, nproc=2, env={**INJECT, "FAIL_AT_STEP": "0:1:USR1"}))
-    proc = run_script(lesson, *args, "--resume", "auto", nproc=2, env={**INJECT, "FAIL_AT_STEP": "1:10:TERM"})
-    assert_clean(proc)
-    assert "resume: from" in proc.stdout and "stopped by SIGTERM at epoch 1 step 10, checkpoint saved" in proc.stdout
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == \
-        [f"ckpt-e0000-s0000010{'' if lesson == '05' else '.pt'}"]  # the same place, written again whole
-    assert_clean(run_script(lesson, *args, "--resume", "auto", nproc=2))
-    assert [e["epoch"] for e in metrics(tmp_path)["epochs"]] == [1]
-
-
-def test_sigusr1_mid_epoch_stops_all_ranks_saves_and_resumes_exactly(small, shared_run, tmp_path):
-    """Then the resumed run is stopped again before its first step (with --clip-grad), and the last resume ends
-    where the uninterrupted run did."""
-    hit = tmp_path / "hit"
+# Lesson 02 resumes exactly mid-epoch in tests/test_exercises_02.py; lesson 04 after an epoch in
+# tests/test_early_stopping.py, and after an elastic restart in the walk of its reference page.
+@pytest.mark.parametrize("lesson", ["04", "05"])
+def test_sigusr1_mid_epoch_stops_all_ranks_saves_and_resumes_exactly(lesson, small, tmp_path):
+    """Then the resumed run is stopped again before its first step (with --clip-grad: it must not clip, unscale,
+    gradients it never made), and the last resume ends where the uninterrupted run did."""
+    whole, hit = tmp_path / "whole", tmp_path / "hit"
     args = [*small, *EXACT, "--epochs", 3]
+    assert_clean(run_script(lesson, *args, "--output-dir", whole, nproc=2))  # the uninterrupted reference
+    saved = f"ckpt-e0000-s0000020{'' if lesson == '05' else '.pt'}"  # lesson 05: a DCP folder
     # Rank 1 alone gets SIGUSR1 at step 12 of epoch 1; all ranks agree at the next check (step 20) and stop.
-    proc = run_script("04", *args, "--output-dir", hit, nproc=2, env={**INJECT, "FAIL_AT_STEP": "1:12:USR1"})
+    proc = run_script(lesson, *args, "--output-dir", hit, nproc=2, env={**INJECT, "FAIL_AT_STEP": "1:12:USR1"})
     assert_clean(proc)
     assert "stopped by SIGUSR1 at epoch 1 step 20, checkpoint saved: not a Slurm job" in proc.stdout, proc.stdout
-    assert [p.name for p in (hit / "checkpoints").iterdir()] == ["ckpt-e0000-s0000020.pt"]
-    proc = run_script("04", *args, "--output-dir", hit, "--resume", "auto", nproc=2,
+    assert [p.name for p in (hit / "checkpoints").iterdir()] == [saved]
+    proc = run_script(lesson, *args, "--output-dir", hit, "--resume", "auto", nproc=2,
                       env={**INJECT, "FAIL_AT_STEP": "1:20:TERM"})
     assert_clean(proc)
     assert "resume: from" in proc.stdout and "stopped by SIGTERM at epoch 1 step 20, checkpoint saved" in proc.stdout
-    assert [p.name for p in (hit / "checkpoints").iterdir()] == ["ckpt-e0000-s0000020.pt"]  # written again whole
-    proc = run_script("04", *args, "--output-dir", hit, "--resume", "auto", nproc=2)
+    assert [p.name for p in (hit / "checkpoints").iterdir()] == [saved]  # the same place, written again whole
+    proc = run_script(lesson, *args, "--output-dir", hit, "--resume", "auto", nproc=2)
     assert_clean(proc)
     assert [e["epoch"] for e in metrics(hit)["epochs"]] == [1, 2, 3]  # every epoch exactly once
     # the same losses too: each rank resumed the interrupted epoch with its OWN loss sums
-    assert same_numbers(metrics(shared_run("04", 3)), metrics(hit))
-    for name, value in final_weights(shared_run("04", 3), "04").items():  # same weights as if nothing had happened
-        assert torch.equal(value, final_weights(hit, "04")[name]), name
+    assert same_numbers(metrics(whole), metrics(hit))
+    assert metrics(hit)["epochs"][-1]["test_samples"] == 1001  # uneven test shards, each image counted once
+    for name, value in final_weights(whole, lesson).items():  # the same weights, as if uninterrupted
+        assert torch.equal(value, final_weights(hit, lesson)[name]), name
 
 
 
