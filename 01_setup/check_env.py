@@ -9,6 +9,7 @@ and the exit code is 1.
 """
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -20,10 +21,32 @@ import torchvision
 
 from common.cli import Parser
 from common.exits import run
-from common.gpus import has_kernels, has_native_bf16, nvidia_smi, slurm_gpus, why_no_gpu, wheel_for
+from common.gpus import LAST_LEGACY, LEGACY_INDEX, has_native_bf16, nvidia_smi, pip_line, slurm_gpus, why_no_gpu
 
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE",
               "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")
+CUDA13_INDEX = "https://download.pytorch.org/whl/cu130"  # Turing to Blackwell, driver >= 580
+
+
+def has_kernels(capability: tuple[int, int], arch_list: list[str]) -> bool:
+    """Does this torch run on a GPU of this compute capability? Machine code for sm_XY runs on the same major
+    version at the same or a higher minor; PTX (compute_XY) is compiled at load time for any newer GPU."""
+    cc = 10 * capability[0] + capability[1]
+    for arch in arch_list:
+        m = re.match(r"(sm|compute)_(\d+)", arch)
+        if m and int(m[2]) <= cc and (m[1] == "compute" or int(m[2]) // 10 == capability[0]):
+            return True
+    return False
+
+
+def wheel_for(capability: tuple[int, int]) -> str:
+    """The fix for a GPU this torch has no kernels for: which wheel has them, and for how long."""
+    if capability < (5, 0):
+        return "no current PyTorch wheel supports it: use a newer GPU"
+    if capability < (7, 5):
+        return (f"install the CUDA 12.6 wheel, the last for GPUs older than Turing: {pip_line(LEGACY_INDEX)}; "
+                f"no PyTorch after {'.'.join(map(str, LAST_LEGACY))} will have one (pytorch/pytorch#190385)")
+    return f"install a CUDA 13 wheel (needs driver >= 580): {pip_line(CUDA13_INDEX)}"
 
 
 def gpu_problems(device: str) -> tuple[list[str], list[str]]:

@@ -1,9 +1,4 @@
-"""Plumbing shared by the lessons: launcher variables, data, model, metrics, the checkpoint folder, logging.
-
-What each lesson teaches (init_process_group, set_device, the sampler, the DDP or fully_shard wrap,
-no_sync, saving on rank 0, the DCP calls) is written out in the lesson scripts themselves; this
-package only translates the launcher's environment, handles files and errors, and keeps score.
-"""
+"""Plumbing shared by the lessons; what each lesson teaches is written out in the lesson scripts themselves."""
 import importlib.util as _util
 import sys as _sys
 

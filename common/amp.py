@@ -1,12 +1,8 @@
 """--amp: which dtype torch.autocast uses, chosen once per run and said in one line.
 
-bfloat16 keeps float32's exponent range: its gradients neither overflow nor vanish, so it needs no loss
-scaling. GPUs older than Ampere (compute capability < 8.0: V100, T4) have no native bfloat16; their fast
-type is float16, whose narrow range needs torch.amp.GradScaler (the lessons create it when float16 is used).
-On the CPU torch's autocast accepts both; bfloat16 is its default there.
+bfloat16 keeps float32's exponent range, so it needs no loss scaling; GPUs older than Ampere (V100, T4) have no
+native bfloat16, and their float16 needs torch.amp.GradScaler (the lessons create it when float16 is used).
 """
-from __future__ import annotations
-
 import torch
 
 from common.gpus import has_native_bf16
@@ -16,8 +12,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def autocast_dtype(mode: str | None, device: torch.device) -> torch.dtype | None:
-    """None without --amp; for --amp auto bfloat16 where `device` runs it natively, else float16; --amp bf16|fp16
-    as asked. Prints the choice and its reason (rank 0)."""
+    """None without --amp; auto: bfloat16 where `device` runs it natively, else float16. Says why (rank 0)."""
     if mode is None:
         return None
     if device.type != "cuda":  # autocast runs both on the CPU; float16 convolutions there are slow

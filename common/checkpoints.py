@@ -1,13 +1,9 @@
 """The checkpoint folder of a run: names, which checkpoint to resume from, keep the newest N.
 
-The lesson scripts write and read the checkpoints themselves (torch.save / dcp.save); this class
-only manages OUTPUT_DIR/checkpoints/ckpt-eEEEE-sSSSSSS(.pt), named after the epochs completed and
-the optimizer steps already done in the next one, so that names sort by progress. It refuses to
-mix runs: a fresh run never writes among an earlier run's checkpoints, and a resume refuses, in one
-line, a checkpoint of an incompatible run.
+The lessons write and read checkpoints themselves (torch.save / dcp.save). Names (ckpt-eEEEE-sSSSSSS) count the
+epochs completed and the steps done in the next one, so they sort by progress. Runs never mix: a fresh run never
+writes among an earlier run's checkpoints, and a resume refuses a checkpoint of an incompatible run.
 """
-from __future__ import annotations
-
 import os
 import re
 import shutil
@@ -32,16 +28,14 @@ COMPATIBLE = ("data", "train_samples", "val_samples", "width", "blocks", "hidden
 
 
 def signature(args, lesson: str) -> dict:
-    """What kind of run wrote a checkpoint: saved in it as "run", compared on resume. A OneCycle schedule spans
-    exactly --epochs, so a onecycle run continues only with the same --epochs."""
+    """What kind of run wrote a checkpoint, compared on resume. OneCycle spans exactly --epochs: those must agree."""
     onecycle = getattr(args, "schedule", None) == "onecycle"
     return {"format": FORMAT, "lesson": lesson, **{k: getattr(args, k, None) for k in COMPATIBLE},
             "onecycle_epochs": args.epochs if onecycle else None}
 
 
 def read_meta(path) -> dict:
-    """{"run": signature, "position": {epoch, step, rng}} of a checkpoint file (.pt) or DCP folder; one-line
-    CourseError if it is unreadable or not the course's."""
+    """{"run", "position"} of a checkpoint file or DCP folder; CourseError if unreadable or not the course's."""
     path = Path(path)
     if not path.exists():
         raise CourseError(f"checkpoint {path} does not exist: check --resume")
@@ -68,11 +62,8 @@ def read_meta(path) -> dict:
 
 
 class CheckpointDir:
-    """OUTPUT_DIR/checkpoints. sharded=False: one .pt per checkpoint (lessons 02-04); True: DCP folders (05).
-
-    A --dry-run writes its checkpoints to OUTPUT_DIR/dry-run-checkpoints instead, emptied at its start:
-    they exercise the saving code but never pass for a real run's, and never block the next run.
-    """
+    """OUTPUT_DIR/checkpoints: one .pt per checkpoint, or DCP folders (sharded). A --dry-run uses
+    OUTPUT_DIR/dry-run-checkpoints, emptied at its start: its checkpoints never pass for, or block, a real run's."""
 
     def __init__(self, args, lesson: str, sharded: bool = False):
         problem = creatable_folder(args.output_dir)  # at the very start: before anything slow
@@ -98,9 +89,7 @@ class CheckpointDir:
         return sorted((p for p in self.dir.iterdir() if NAME.match(p.name)), key=lambda p: p.name, reverse=True)
 
     def resume_from(self, spec: str | None) -> Path | None:
-        """Every rank calls it, before any data is loaded. None: a fresh run (refused if the folder holds
-        checkpoints); "auto": the newest one that reads back (None if there is none); else that path.
-        The checkpoint must come from the same kind of run (COMPATIBLE)."""
+        """Every rank, before any data is read. None: a fresh run; "auto": the newest that reads back; else that path."""
         if is_main_process() and self.dir.is_dir():
             for stale in self.dir.glob("*.tmp"):  # shards of a save that was killed
                 shutil.rmtree(stale, ignore_errors=True)
@@ -141,23 +130,18 @@ class CheckpointDir:
         return path
 
     def prune(self, just_written: Path, best: bool = False) -> None:
-        """After a save (rank 0 does it): keep the newest `keep` checkpoints, always including the one just
-        written; with best=True (the best validation so far) keep a copy of it as best.pt (a DCP folder: best)."""
+        """After a save, on rank 0: keep the newest `keep` checkpoints, and with best=True a copy as best(.pt)."""
         if not is_main_process():
             return
-        if best:
-            self._keep_as_best(just_written)
+        if best:  # copy, then rename into place: a crash leaves the previous best whole
+            scratch = self.best_path.with_name(self.best_path.name + ".tmp")
+            if just_written.is_dir():
+                shutil.rmtree(scratch, ignore_errors=True)
+                shutil.copytree(just_written, scratch)
+                replace_folder(scratch, self.best_path)
+            else:
+                shutil.copyfile(just_written, scratch)
+                os.replace(scratch, self.best_path)
         older = [p for p in self.all() if p != just_written]
         for old in older[self.keep - 1:]:
             shutil.rmtree(old) if old.is_dir() else old.unlink()
-
-    def _keep_as_best(self, path: Path) -> None:
-        """Copy, then rename into place: a crash leaves the previous best whole."""
-        scratch = self.best_path.with_name(self.best_path.name + ".tmp")
-        if path.is_dir():
-            shutil.rmtree(scratch, ignore_errors=True)
-            shutil.copytree(path, scratch)
-            replace_folder(scratch, self.best_path)
-        else:
-            shutil.copyfile(path, scratch)
-            os.replace(scratch, self.best_path)

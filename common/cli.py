@@ -1,10 +1,7 @@
 """The command line every lesson script shares, so that `diff` between lessons shows only the new idea.
 
 Every flag is range-checked when it is parsed; a mistake is one line (`error: ...`) and exit code 2.
-`--config FILE` (common/config.py) sets defaults that flags on the command line override.
 """
-from __future__ import annotations
-
 import argparse
 import difflib
 import os
@@ -40,10 +37,7 @@ decay = _number(float, 0, False, 1, example=", e.g. 0.7")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with no abbreviations (--data is not --data-dir) and mistakes reported on one line.
-
-    Relative paths mean the course folder's, whatever the working directory (work_in_course_folder).
-    """
+    """argparse with no abbreviations (--data is not --data-dir), mistakes on one line, paths in the course folder."""
 
     def __init__(self, **kwargs):
         super().__init__(allow_abbrev=False, **kwargs)

@@ -1,10 +1,4 @@
-"""--config FILE in, config.yaml out: a run's flags as a file, so that `--config runs/X/config.yaml` replays it.
-
-The file is YAML or TOML, its keys the flag names; its values become the parser's defaults, checked by each flag's
-own type and choices, and flags on the command line still win.
-"""
-from __future__ import annotations
-
+"""--config FILE (YAML or TOML) in as the parser's defaults; config.yaml out, so `--config runs/X/config.yaml` replays."""
 import argparse
 import difflib
 import json

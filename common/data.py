@@ -1,9 +1,4 @@
-"""MNIST for every lesson as tensors: the raw files read straight into a Dataset, the first N kept, a validation split.
-
-common/download.py makes sure the files are there first.
-"""
-from __future__ import annotations
-
+"""MNIST as tensors: the raw files (common/download.py fetches them) read into a Dataset, a validation split."""
 import struct
 from pathlib import Path
 
@@ -18,13 +13,8 @@ MNIST_STD = 0.3081
 
 
 class MNISTFiles(Dataset):
-    """The MNIST IDX files of ROOT/MNIST/raw as tensors: `data` (uint8, N x 28 x 28) and `targets`.
-
-    An item is what torchvision's MNIST with ToTensor() and Normalize((0.1307,), (0.3081,)) returns, bit for
-    bit: the image as float32 in [0, 1], then (x - mean) / std, and the label as an int. Reading the files
-    directly spares every process the import of torchvision (seconds per process), and a DataLoader
-    worker the detour through a PIL image.
-    """
+    """ROOT/MNIST/raw as `data` (uint8, N x 28 x 28) and `targets`; an item is bit for bit torchvision's MNIST with
+    ToTensor() and Normalize(). Reading the files directly spares every process torchvision's import (seconds)."""
 
     def __init__(self, root, train: bool = True):
         prefix = "train" if train else "t10k"
@@ -56,8 +46,7 @@ def _first(ds, n, what: str):
 
 
 def split_validation(train, val_samples: int, seed: int):
-    """(train, validation): `val_samples` images drawn from `train` by `seed`, the same on every rank; the rest
-    stay in order. No image is in both; with val_samples 0 the training set is unchanged and there is none."""
+    """(train, validation or None): `val_samples` images drawn by `seed`, the same on every rank; the rest in order."""
     if not val_samples:
         return train, None
     if val_samples >= len(train):
@@ -70,12 +59,8 @@ def split_validation(train, val_samples: int, seed: int):
 
 def load_mnist(data_dir, kind: str = "mnist", train_samples=None, test_samples=None, val_samples: int = 0,
                seed: int = 0, is_main: bool = True, barrier=None, download: bool = True):
-    """Return (train, validation or None, test): the first `train_samples` / `test_samples` examples (all if
-    None), with `val_samples` of the training ones held out (split_validation, by `seed`).
-
-    Only the main process prepares the files; `barrier` (a callable, e.g. dist.barrier) makes the
-    other ranks wait for it. Every process then reads the files (MNISTFiles).
-    """
+    """(train, validation or None, test), the first N of each (all if None). Only the main process prepares the
+    files; `barrier` (e.g. dist.barrier) makes the others wait for it, then every process reads them."""
     root = dataset_root(data_dir, kind)
     failure = None
     if is_main:

@@ -1,14 +1,10 @@
 """Launcher plumbing: turn what torchrun or srun tells a process into what init_process_group reads.
 
-The lesson scripts call torch.distributed themselves (init_process_group with the backend
-dist.get_default_backend_for_device picks, set_device, barrier, destroy_process_group) and set
-the GPU switches (cuDNN autotune, TF32) in plain sight. This module only translates and checks. Three launch styles are recognised:
+The lessons call torch.distributed themselves; this module only translates and checks. Three launch styles:
   torchrun (or any env:// launcher)  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT
   srun, one task per GPU             SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_JOB_NODELIST
   a plain `python script.py`         one process
 """
-from __future__ import annotations
-
 import datetime
 import os
 import socket
@@ -111,15 +107,9 @@ def launch_env(environ=None) -> LaunchEnv:
 
 
 def pick_device(requested: str = "auto", launch: LaunchEnv | None = None) -> torch.device:
-    """auto: a GPU if there is one, else the CPU; but never the CPU in a Slurm job that was given GPUs torch cannot
-    use (--device cpu still can). Which GPU comes from the LOCAL rank, never the global one.
-
-    Under srun with --gpus-per-task=1 (or --gpu-bind) each task sees exactly ONE GPU, as cuda:0,
-    whatever its local rank: then that GPU is the one.
-    """
+    """auto: a GPU if there is one, else the CPU, but never unnoticed in a Slurm job that has GPUs torch cannot use.
+    Which GPU comes from the LOCAL rank, never the global one."""
     launch = launch or LaunchEnv("single", 0, 0, 1, 1)
-    if requested not in ("auto", "cpu", "cuda"):
-        raise CourseError(f"unknown device {requested!r}: use auto, cpu or cuda")
     if requested != "cpu" and not torch.cuda.is_available() and (allocated := slurm_gpus()):
         # A GPU job must not train on the CPU unnoticed (10-50x slower): stop, and say why torch sees no GPU.
         raise CourseError(f"Slurm gave this job GPUs ({allocated}) but torch cannot use them: "
@@ -131,7 +121,7 @@ def pick_device(requested: str = "auto", launch: LaunchEnv | None = None) -> tor
         raise CourseError("--device cuda but no CUDA GPU is visible: run on a GPU node or use --device cpu")
     n_gpus = torch.cuda.device_count()
     if launch.launcher == "slurm" and n_gpus == 1:
-        index = 0  # this task's own GPU: Slurm hid the others from it
+        index = 0  # srun --gpus-per-task=1 (or --gpu-bind): this task's own GPU is cuda:0, Slurm hid the others
     elif launch.local_rank < n_gpus and launch.local_world_size <= n_gpus:
         index = launch.local_rank
     else:
@@ -146,11 +136,8 @@ def init_timeout() -> datetime.timedelta:
 
 
 def restart_safe_store(launch: LaunchEnv):
-    """None (init_process_group then reads env://), or under torchrun a store with a fresh key space per attempt.
-
-    torchrun keeps ONE key-value store across the restarts of --max-restarts; without a prefix per attempt,
-    a restarted group can read the addresses of the processes that died, and fail to connect.
-    """
+    """None (init_process_group reads env://), or under torchrun a store with a fresh key space per attempt: torchrun
+    keeps ONE store across --max-restarts, and a restarted group could read the addresses of the processes that died."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt is None:
         return None

@@ -1,11 +1,8 @@
 """MNIST's four raw files, found, checked, extracted or downloaded (torchvision's mirrors) before any rank reads them.
 
-`--data mnist` (default) uses the real data set under DATA_DIR/MNIST/raw/; `--data synthetic` writes a generated
-look-alike under DATA_DIR/synthetic/MNIST/raw/ (common/synthetic.py), so the two never mix. Missing real data is an
-error that names the fix; the course never falls back to synthetic data silently.
+`--data synthetic` writes a look-alike under DATA_DIR/synthetic (common/synthetic.py), so the two never mix; missing
+real data is an error that names the fix, never a silent fallback to synthetic data.
 """
-from __future__ import annotations
-
 import gc
 import gzip
 import os
@@ -85,10 +82,7 @@ def _extract_gz(gz: Path, dest: Path) -> None:
 
 
 def _download(root: Path) -> str | None:
-    """Download through torchvision; None on success, else why not (one line).
-
-    $MNIST_MIRROR (a base URL) replaces torchvision's mirrors for this call only.
-    """
+    """Download through torchvision ($MNIST_MIRROR, a base URL, replaces its mirrors); None on success, else why not."""
     import torchvision  # only to download: it costs seconds to import, and every rank reads the files without it
     cls = torchvision.datasets.MNIST
     created = [p for p in (Path(root), raw_folder(root).parent, raw_folder(root)) if not p.exists()]
@@ -116,12 +110,8 @@ def _download(root: Path) -> str | None:
 
 
 def prepare_data(data_dir, kind: str = "mnist", download: bool = True, seed: int = 0) -> Path:
-    """Make the four uncompressed raw files exist and return the torchvision root.
-
-    mnist: nothing to do if they are there; else extract any .gz files found next to them;
-    else download (if `download`). synthetic: write them (a no-op if already written with `seed`).
-    Raises CourseError (one line naming the fix) if that is not possible.
-    """
+    """Make the four raw files exist (extract .gz files found beside them, else download; synthetic: write them) and
+    return the torchvision root; a CourseError naming the fix if that is not possible."""
     root = dataset_root(data_dir, kind)
     problem = creatable_folder(data_dir)
     if problem:

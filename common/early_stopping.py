@@ -1,10 +1,7 @@
 """When training stops before --epochs: --target-accuracy reached, or --patience epochs without a better validation.
 
-Everything is read off the epoch rows of History, which every rank holds alike (their numbers were all-reduced),
-so every rank decides the same and none is left waiting in a collective.
+Read off History's rows, which every rank holds alike (all-reduced): every rank decides the same, none is left waiting.
 """
-from __future__ import annotations
-
 from common.log import log0, plural
 
 

@@ -1,15 +1,8 @@
-"""The one exception type the course raises for problems a user can fix, and the one-line form of a message.
-
-How a failure becomes one `error:` line and an exit code is the exit policy: common.exits.run.
-"""
-from __future__ import annotations
+"""The exception for problems a user can fix, and the one-line form of a message (the exit policy: common.exits)."""
 
 
 class CourseError(Exception):
-    """An error a user can fix; its message is one line that names the fix.
-
-    Scripts catch it at the top level (common.exits.run) and print only the message, no traceback.
-    """
+    """An error a user can fix; its message is one line that names the fix (common.exits.run prints only that)."""
 
 
 def one_line(text, limit: int = 300) -> str:

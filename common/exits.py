@@ -1,14 +1,4 @@
-"""The exit policy of every course script: `run(main)` turns a failure a user can fix into ONE line and an exit code.
-
-    if __name__ == "__main__":
-        run(main)
-
-Exit 2 with `error: ...` for bad input (a CourseError, CUDA out of memory, a busy MASTER_PORT), 130 with one line
-for Ctrl-C outside a checkpointing stop, 1 with one line on a rank whose collective broke because another rank
-stopped first. Python bugs keep their traceback.
-"""
-from __future__ import annotations
-
+"""The exit policy of every course script, `run(main)`: a failure a user can fix becomes ONE line and an exit code."""
 import gc
 import os
 import sys
@@ -52,12 +42,9 @@ def _is_communication_error(exc: BaseException) -> bool:
 
 
 def run(main, argv=None) -> None:
-    """Call main(); every failure a user can fix becomes ONE line and a non-zero exit, not a wall of tracebacks.
-
-    Rank 0 prints `error: ...` (exit 2 for bad input); the other ranks, which meet the same problem or
-    lose their connection to the rank that stopped, leave quietly. Ctrl-C outside a checkpointing
-    stop prints one line (exit 130). Python bugs still print their traceback.
-    """
+    """Call main(). Rank 0 prints `error: ...` and exits 2 for bad input (the other ranks, which meet the same problem,
+    leave quietly); exit 1 with one line on a rank whose collective broke because another rank stopped first; exit
+    130 for Ctrl-C outside a checkpointing stop. Python bugs keep their traceback."""
     quiet = get_rank() != 0
     code, line = 0, None
     try:

@@ -1,7 +1,6 @@
-"""Write files all-or-nothing, so a crash or a kill never leaves a half-written file behind."""
-from __future__ import annotations
-
+"""Files and folders all-or-nothing, so a crash or a kill never leaves half of one; relative paths in the course folder."""
 import os
+import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -10,10 +9,7 @@ from pathlib import Path
 
 @contextmanager
 def atomic_write(path, mode: str = "wb"):
-    """Yield a file in the same folder as `path`; on success it is flushed to disk and renamed over `path`.
-
-    Readers see the old file or the new one, never a mix. On an exception the temp file is removed.
-    """
+    """Yield a temporary file beside `path`, renamed over it once on disk: readers see the old file or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
@@ -42,12 +38,8 @@ def atomic_save(obj, path) -> None:
 
 
 def replace_folder(finished, path) -> None:
-    """Give the complete folder `finished` the name `path`, replacing a folder of that name if there is one.
-
-    The old one is moved aside first and deleted last: a crash in between leaves a whole checkpoint
-    under one of the two names, never half of one.
-    """
-    import shutil
+    """Rename the complete folder `finished` to `path`. The old one is moved aside first and deleted last: a crash in
+    between leaves a whole checkpoint under one of the two names, never half of one."""
     finished, path = Path(finished), Path(path)
     old = path.with_name(path.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
@@ -80,12 +72,8 @@ def course_folder() -> Path | None:
 
 
 def work_in_course_folder() -> None:
-    """Make every relative path (data/, runs/, and those given in flags or --config) the course folder's.
-
-    A lesson started from inside its own folder, or from anywhere else, then reads and writes where the
-    pages say, and never creates a second data/ or runs/ beside the script. The folder is the script's own
-    course, not the one `common` happens to be imported from (another clone may be pip-installed).
-    """
+    """Make every relative path (data/, runs/, flags, --config) the course folder's, wherever the lesson was started:
+    no second data/ or runs/ beside the script. The script's own course, not the one `common` came from."""
     course = course_folder()
     try:
         here = Path.cwd()

@@ -1,14 +1,9 @@
 """Which GPUs this node has, and why torch may be unable to use them: for 01_setup/check_env.py and pick_device.
 
-The facts it applies (docs/install.md#which-wheel-for-which-gpu-and-driver lists them with their sources):
-  - a CUDA 13.x program needs an NVIDIA driver >= 580, a CUDA 12.x one >= 525 (NVIDIA's CUDA minor
-    version compatibility table);
-  - PyTorch's CUDA 13 wheels have kernels for Turing (sm_75) and newer only; its CUDA 12.6 wheels also for
-    Maxwell, Pascal and Volta (sm_50, sm_60, sm_70) (pytorch/pytorch#172352, #190355);
-  - 2.14 is the last release with CUDA 12.6 wheels: 2.15 drops them (pytorch/pytorch#190385).
+The facts (sources in docs/install.md#which-wheel-for-which-gpu-and-driver): CUDA 13.x needs driver >= 580, 12.x
+>= 525; the CUDA 13 wheels run on Turing (sm_75) and newer, the CUDA 12.6 ones also on Maxwell to Volta; 2.14 is the
+last release with CUDA 12.6 wheels.
 """
-from __future__ import annotations
-
 import os
 import re
 import shutil
@@ -19,7 +14,6 @@ import torch
 
 MIN_DRIVER = {12: (525,), 13: (580,)}  # CUDA major version of the wheel -> the oldest driver that runs it
 LEGACY_INDEX = "https://download.pytorch.org/whl/cu126"  # the CUDA 12.6 wheels: Maxwell to Hopper, driver >= 525
-CUDA13_INDEX = "https://download.pytorch.org/whl/cu130"  # Turing to Blackwell, driver >= 580
 LAST_LEGACY = (2, 14)  # the last PyTorch release with a CUDA 12.6 wheel (pytorch/pytorch#190385)
 
 
@@ -75,20 +69,9 @@ def nvidia_smi() -> tuple[list[Gpu], str]:
 
 
 def has_native_bf16(capability: tuple[int, int]) -> bool:
-    """The test torch.cuda.is_bf16_supported(including_emulation=False) makes: Ampere (8.0) or newer. It asks only
-    the current GPU; this takes any GPU's compute capability, also one torch cannot use."""
+    """torch.cuda.is_bf16_supported(including_emulation=False)'s test (Ampere, 8.0, or newer), for any GPU's capability,
+    also one torch cannot use."""
     return capability[0] >= 8
-
-
-def has_kernels(capability: tuple[int, int], arch_list: list[str]) -> bool:
-    """Does this torch run on a GPU of this compute capability? Machine code for sm_XY runs on the same major
-    version at the same or a higher minor; PTX (compute_XY) is compiled at load time for any newer GPU."""
-    cc = 10 * capability[0] + capability[1]
-    for arch in arch_list:
-        m = re.match(r"(sm|compute)_(\d+)", arch)
-        if m and int(m[2]) <= cc and (m[1] == "compute" or int(m[2]) // 10 == capability[0]):
-            return True
-    return False
 
 
 def pip_line(index: str) -> str:
@@ -99,16 +82,6 @@ def pip_line(index: str) -> str:
     else:
         pins = f"torch=={torch.__version__.split('+')[0]} torchvision=={torchvision.__version__.split('+')[0]}"
     return f"pip install --force-reinstall {pins} --index-url {index}"
-
-
-def wheel_for(capability: tuple[int, int]) -> str:
-    """The fix for a GPU this torch has no kernels for: which wheel has them, and for how long."""
-    if capability < (5, 0):
-        return "no current PyTorch wheel supports it: use a newer GPU"
-    if capability < (7, 5):
-        return (f"install the CUDA 12.6 wheel, the last for GPUs older than Turing: {pip_line(LEGACY_INDEX)}; "
-                f"no PyTorch after {'.'.join(map(str, LAST_LEGACY))} will have one (pytorch/pytorch#190385)")
-    return f"install a CUDA 13 wheel (needs driver >= 580): {pip_line(CUDA13_INDEX)}"
 
 
 def driver_problem(gpus: list[Gpu]) -> str | None:

@@ -1,11 +1,8 @@
 """What a run measured, epoch by epoch: the epoch line, metrics.json, curves.png and, with --tensorboard, event files.
 
-Every rank calls add() with the same (already all-reduced) numbers; rank 0 alone prints and writes.
-The rows travel inside each checkpoint too, so a run resumed into another --output-dir keeps its history.
-When to stop early is decided from these rows by common/early_stopping.py.
+Every rank calls add() with the same (all-reduced) numbers; rank 0 alone prints and writes. The rows travel inside
+each checkpoint too, so a run resumed into another --output-dir keeps its history.
 """
-from __future__ import annotations
-
 import json
 import time
 from pathlib import Path
@@ -46,27 +43,20 @@ class History:
         if val is not None:
             row.update(val_loss=val["loss"], val_accuracy=val["accuracy"], val_samples=val["count"])
         self.rows.append(row)
-        reached_before = self.reached_target
+        reached_before = self.record["time_to_target_seconds"] is not None
         self._update_record()
-        first_hit = self.reached_target and not reached_before
-        if is_main_process():
-            self._print(row, test, first_hit)
-            self.save()
-        return row
-
-    def _print(self, row: dict, test: dict, first_hit: bool) -> None:
+        if not is_main_process():
+            return row
         val = f" | val_accuracy {row['val_accuracy']:.4f}" if "val_accuracy" in row else ""
         print(f"epoch {row['epoch']} | train_loss {row['train_loss']:.4f} | test_loss {row['test_loss']:.4f} | "
               f"test_accuracy {row['test_accuracy']:.4f} ({test['correct']}/{test['count']}){val} | "
               f"{row['epoch_seconds']:.2f} s | {row['train_images_per_second']:,.0f} img/s", flush=True)
-        if first_hit:
+        if self.record["time_to_target_seconds"] is not None and not reached_before:
             print(f"target accuracy {self.args.target_accuracy} reached after "
                   f"{self.record['time_to_target_seconds']:.2f} s of training "
                   f"(warm-up before the clock: {self.record['warmup_seconds']:.2f} s)", flush=True)
-
-    @property
-    def reached_target(self) -> bool:
-        return self.record["time_to_target_seconds"] is not None
+        self.save()
+        return row
 
     @property
     def best_epoch(self) -> int | None:
@@ -78,7 +68,6 @@ class History:
         if self.device.type == "cuda":
             self.record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.device)
 
-    # ---- files ------------------------------------------------------------------------------------
     def save(self) -> None:
         with atomic_write(self.dir / "metrics.json", "w") as f:
             json.dump(self.record, f, indent=2)
@@ -105,8 +94,7 @@ class History:
         self._plotted = (time.monotonic(), len(self.rows))
 
     def close(self) -> None:
-        """The end of the run (finished or stopped): the last curves.png; with validation, the test accuracy of
-        the best model (the one kept as best)."""
+        """The end of the run: the last curves.png; with validation, the test accuracy of the model kept as best."""
         if is_main_process() and self.rows and self._plotted[1] != len(self.rows):
             self._plot()
         if self._tensorboard is not None:
@@ -117,7 +105,6 @@ class History:
                   f"{best['test_accuracy']:.4f} ({best['test_correct']}/{best['test_samples']}), "
                   f"its checkpoint kept as best in {self.dir}", flush=True)
 
-    # ---- inside checkpoints -----------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"rows": json.dumps(self.rows)}  # one string: a DCP checkpoint stores it as it is
 
@@ -125,6 +112,7 @@ class History:
         """The rows of the epochs before `epoch` (the one the resumed run does next); each epoch appears once."""
         self.record["epochs"] = [r for r in json.loads(state["rows"]) if r["epoch"] < epoch]
         self._update_record()
+
 
 def plot_curves(record: dict, path: Path) -> None:
     import matplotlib

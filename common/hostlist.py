@@ -1,6 +1,4 @@
 """Expand Slurm host lists such as ``gpu[01-03,07],cpu5`` into host names, like ``scontrol show hostnames``."""
-from __future__ import annotations
-
 from common.errors import CourseError
 
 

@@ -1,31 +1,12 @@
-"""Start N CPU/gloo worker processes from a notebook (or any Python code) and collect their results.
+"""Start N CPU/gloo worker processes from a notebook and collect their results: launch(collective_workers.all_reduce).
 
-    from common.launcher import launch
-    import collective_workers                       # the worker lives in a .py file
-    results = launch(collective_workers.all_reduce, nprocs=2)   # [3.0, 3.0]
-
-Why not torch.multiprocessing.spawn with a function typed into the notebook? A new process gets the
-function by reference (pickled by name), and it cannot import a notebook's __main__. So the
-worker must live in a .py file and we pass it by reference.
-
-What every worker gets:
-  * the variables torchrun would set (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-    MASTER_ADDR, MASTER_PORT), so a plain ``dist.init_process_group("gloo")`` inside it works;
-    like torchrun's agent, the launcher itself hosts the rendezvous store on a port it has already
-    bound (TORCHELASTIC_USE_AGENT_STORE), so no other program can take that port first;
-  * NO GPU: CUDA_VISIBLE_DEVICES="" is set in the child before its first CUDA call (when torch
-    reads it), so the workers run on the CPU with gloo even on a workstation with one GPU (two
-    processes cannot each have a GPU of their own there);
-  * its own share of the CPU cores (torch.set_num_threads).
-
-What comes back: each rank's return value, in rank order. What the workers print is collected
-and printed here after they finish, rank 0's lines first, then rank 1's, ... (a notebook does not
-reliably show what child processes print, and ranks printing at once would interleave).
-A worker's exception becomes WorkerError naming the rank; a hang becomes TimeoutError; the other
-workers are stopped in both cases.
+A new process gets the function by reference (pickled by name) and cannot import a notebook's __main__: the worker
+must live in a .py file. Each worker gets torchrun's variables (so a plain init_process_group("gloo") works), no GPU
+(two processes cannot each have a GPU of their own on a one-GPU workstation) and its share of the CPU cores. What
+the workers print is shown after they finish, rank 0's lines first (a notebook does not reliably show what child
+processes print, and ranks printing at once would interleave). A worker's exception becomes WorkerError naming the
+rank, a hang TimeoutError; the other workers are stopped.
 """
-from __future__ import annotations
-
 import io
 import multiprocessing as mp
 import os
@@ -115,14 +96,6 @@ def _worker(rank: int, world_size: int, port: int, threads: int, payload: bytes,
     os._exit(exit_code)
 
 
-def _replay(lines: dict[int, list], nprocs: int) -> None:
-    """Print what the workers printed: rank 0's lines first, then rank 1's, ..."""
-    for rank in range(nprocs):
-        for stream, text in lines[rank]:
-            print(text, file=sys.stderr if stream == "stderr" else sys.stdout)
-    sys.stdout.flush()
-
-
 def _context():
     """Fresh processes that start fast: forked from a server process that has imported torch once (it never
     touches a GPU, so each child still decides for itself what it sees). Where there is no forkserver, spawn."""
@@ -134,11 +107,7 @@ def _context():
 
 
 def launch(fn, nprocs: int = 2, args: tuple = (), timeout_s: float = 300.0) -> list:
-    """Run ``fn(*args)`` in ``nprocs`` fresh CPU processes as ranks 0..nprocs-1; return their results by rank.
-
-    ``fn`` must be importable (defined in a .py file). A worker's exception is re-raised here
-    as WorkerError naming its rank; the other workers are stopped; nothing waits forever.
-    """
+    """Run ``fn(*args)`` in ``nprocs`` fresh CPU processes as ranks 0..nprocs-1; return their results by rank."""
     main = sys.modules.get("__main__")
     if getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
         raise TypeError(f"{getattr(fn, '__name__', fn)} is defined in this notebook: the worker processes "
@@ -188,4 +157,7 @@ def launch(fn, nprocs: int = 2, args: tuple = (), timeout_s: float = 300.0) -> l
             if p.is_alive():
                 p.terminate()
                 p.join()
-        _replay(lines, nprocs)
+        for rank in range(nprocs):  # what the workers printed: rank 0's lines first, then rank 1's, ...
+            for stream, text in lines[rank]:
+                print(text, file=sys.stderr if stream == "stderr" else sys.stdout)
+        sys.stdout.flush()

@@ -1,10 +1,8 @@
 """Printing from many processes: rank 0 speaks, the others stay quiet unless asked.
 
-A tqdm bar is drawn on rank 0 only and only on a terminal. In a Slurm log file a bar turns into
-thousands of carriage returns, so there we print a plain progress line every 30 seconds instead.
+A tqdm bar is drawn on rank 0 only and only on a terminal: in a Slurm log file a bar turns into thousands of
+carriage returns, so there a plain progress line is printed every 30 seconds instead.
 """
-from __future__ import annotations
-
 import sys
 import time
 from typing import Iterable

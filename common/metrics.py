@@ -1,41 +1,27 @@
 """Metrics across ranks: every rank sums loss, correct and count, one all_reduce adds the sums, then divide once.
 
 Why SUM and divide, not ReduceOp.AVG: 01_setup/reference.md#why-sum-and-divide-not-reduceopavg.
-In a single process the all_reduce is skipped and the same code runs.
 """
-from __future__ import annotations
-
 import time
 
 import torch
 import torch.distributed as dist
 
 
-def all_reduce_sum(values, device: torch.device | str = "cpu") -> list[float]:
-    """Sum a list of numbers over all ranks (float64, so counts stay exact)."""
+def all_reduce_sum(values, device: torch.device | str = "cpu", op=dist.ReduceOp.SUM) -> list[float]:
+    """Sum a list of numbers over all ranks (float64, so counts stay exact); op=MAX takes the largest instead."""
     t = torch.tensor(list(values), dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    if dist.is_initialized():  # in a single process the same code runs, without the all_reduce
+        dist.all_reduce(t, op=op)
     return t.tolist()
 
 
-def all_reduce_max(value: float, device: torch.device | str = "cpu") -> float:
-    """The largest value over all ranks, e.g. the slowest rank's epoch time."""
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
 class EpochMeter:
-    """Accumulates loss sum, correct predictions and example count for one train or test epoch.
-
-    Sums stay on the device as tensors so that update() never forces a GPU sync.
-    """
+    """Loss sum, correct predictions and count of one epoch, kept on the device so update() never forces a GPU sync.
+    loss_sum, count, seconds: what an interrupted epoch had measured before the restart."""
 
     def __init__(self, device: torch.device | str = "cpu", loss_sum: float = 0.0, count: int = 0,
                  seconds: float = 0.0):
-        """loss_sum, count, seconds: what an interrupted epoch had measured before the restart (else zeros)."""
         self.device = torch.device(device)
         self.loss_sum = torch.tensor(loss_sum, dtype=torch.float64, device=self.device)
         self.correct = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -64,7 +50,7 @@ class EpochMeter:
         """Global loss, accuracy, count and images/s over all ranks. Every rank must call it."""
         if self.seconds is None:
             self.stop_clock()
-        seconds = all_reduce_max(self.seconds, self.device)  # the slowest rank sets the pace
+        seconds = all_reduce_sum([self.seconds], self.device, dist.ReduceOp.MAX)[0]  # the slowest rank sets the pace
         loss_sum, correct, count = all_reduce_sum(
             [self.loss_sum.item(), self.correct.item(), self.count], self.device)
         count = int(count)

@@ -18,12 +18,9 @@ class Block(nn.Module):
 class Net(nn.Module):
     """features (conv 1->32 -> conv 32->64 -> max-pool -> dropout) -> fc1 9216->128 -> dropout -> fc2 128->10.
 
-    The classic pytorch/examples CNN, with two knobs for the FSDP lesson:
-      ``width``  multiplies the channels and the hidden size: parameters grow ~width**2 (1: 1.2 M, 10: 120 M),
-                 and so do the ACTIVATIONS: conv2's output alone is 64 x width x 24 x 24 floats per image.
-      ``blocks`` adds that many Block(hidden) after fc1, ``hidden`` wide (default 128 x width): PARAMETERS
-                 grow by hidden**2 per block while the activations stay a few hidden-wide vectors per image.
-    ``batch_norm`` adds BatchNorm after each conv (lesson 04's --sync-bn); off in the classic net.
+    ``width`` multiplies the channels and the hidden size: parameters AND activations grow ~width**2. ``blocks``
+    adds Block(hidden) after fc1: PARAMETERS grow by hidden**2 per block, activations barely. ``batch_norm`` adds
+    BatchNorm after each conv (lesson 04's --sync-bn).
     """
 
     def __init__(self, width: int = 1, blocks: int = 0, hidden: int | None = None, batch_norm: bool = False):

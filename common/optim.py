@@ -1,13 +1,9 @@
 """The training recipe as flags: optimizer, learning-rate scaling with the number of processes, schedule.
 
-Large batches need their own recipe. With N processes of B images each and G accumulation steps,
-one optimizer step sees N x B x G images (the effective batch), so there are N x G times fewer
-steps per epoch. The linear scaling rule (Goyal et al., 2017) multiplies the learning rate by
-N x G to make up for it, with a warm-up because a large lr at the start diverges; "sqrt" is the
-gentler rule often used with Adam-type optimizers. The schedule steps once per OPTIMIZER STEP.
+N processes x G accumulation steps take N x G times fewer steps per epoch: the linear scaling rule (Goyal et al.,
+2017) multiplies the lr by N x G, with a warm-up because a large lr at the start diverges; "sqrt" is the gentler
+rule often used with Adam-type optimizers. The schedule steps once per OPTIMIZER STEP.
 """
-from __future__ import annotations
-
 import torch
 from torch.optim.lr_scheduler import LambdaLR, OneCycleLR
 
@@ -34,11 +30,8 @@ def make_optimizer(args, params, world_size: int = 1) -> torch.optim.Optimizer:
 
 
 def make_scheduler(args, optimizer, steps_per_epoch: int):
-    """A per-step schedule: "step" decays by --gamma every epoch, "onecycle" rises then anneals over all epochs.
-
-    --warmup-steps ramps the lr linearly from ~0 over the first steps (for "onecycle" it sets how long the
-    rise takes; by default a quarter of the run).
-    """
+    """Per step: "step" decays by --gamma every epoch after --warmup-steps' linear ramp; "onecycle" rises (over
+    --warmup-steps, else a quarter of the run) then anneals."""
     total = args.epochs * steps_per_epoch
     if args.schedule == "onecycle":
         if total < 4:

@@ -1,10 +1,7 @@
 """Where a run is: the epoch to run next, the optimizer steps already done in it, and every rank's random state.
 
-A checkpoint stores it so that a restarted run continues exactly where the first one stopped: the same
-batches (the epoch's remaining ones, in the same order) and the same random numbers (dropout masks).
+A checkpoint stores it so that a restarted run continues with the same batches and the same random numbers.
 """
-from __future__ import annotations
-
 import io
 import itertools
 import json
@@ -39,10 +36,7 @@ class Position:
         return self._meter
 
     def remaining(self, loader, args):
-        """This epoch's batches from `step` on (a restarted epoch skips what it did), up to --max-steps.
-
-        With --grad-accum G, G batches make one optimizer step: the lesson advances `step` after each.
-        """
+        """This epoch's batches from `step` on (G of them per step with --grad-accum G), up to --max-steps."""
         per_step = getattr(args, "grad_accum", 1)
         end, first = steps_per_epoch(loader, args) * per_step, self.step * per_step
         return progress_bar(itertools.islice(loader, first, end), f"epoch {self.epoch}", end - first)

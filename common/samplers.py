@@ -1,11 +1,6 @@
-"""Samplers. Training uses torch's DistributedSampler as it is; evaluation needs one without padding.
-
-DistributedSampler pads the dataset so every rank gets the same number of samples: 10,000 test
-images on 3 ranks become 10,002, and two images are counted twice. For training that is harmless;
-for a test accuracy it is a (small) lie. EvalSampler gives every example to exactly one rank.
+"""Evaluation's sampler. DistributedSampler pads: 10,000 test images on 3 ranks become 10,002, two counted twice,
+harmless for training but a (small) lie in a test accuracy. EvalSampler gives every example to exactly one rank.
 """
-from __future__ import annotations
-
 import math
 from typing import Iterator, Sized
 
@@ -15,11 +10,7 @@ from common.distributed import get_rank, get_world_size
 
 
 class EvalSampler(Sampler[int]):
-    """Rank r takes examples r, r + W, r + 2W, ...: no padding, no duplicates, no shuffling.
-
-    With 10,000 examples over 3 ranks the shards have 3334, 3333 and 3333 examples.
-    Ranks may get one example more or less than others, so reduce SUMS (not averages) afterwards.
-    """
+    """Rank r takes examples r, r + W, r + 2W, ...: shards may differ by one, so reduce SUMS, not averages."""
 
     def __init__(self, data_source: Sized | int, num_replicas: int | None = None, rank: int | None = None):
         self.length = data_source if isinstance(data_source, int) else len(data_source)

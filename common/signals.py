@@ -1,15 +1,9 @@
-"""Requests to stop from outside the program: Slurm's SIGUSR1 / SIGTERM, and Ctrl-C (SIGINT).
+"""Requests to stop from outside the program: Slurm's SIGUSR1 / SIGTERM, and Ctrl-C (SIGINT) (docs/checkpoints.md).
 
-A handler only writes down that a request came; the lesson decides WHERE to stop. Under DDP and FSDP
-every rank must leave the training loop at the same step, so lessons 04 and 05 compare the ranks'
-requests with an all_reduce (their `stop_agreed`) and save a checkpoint there.
-
-A second Ctrl-C within CTRL_C_REPEAT_S seconds counts as the same press; a later one stops at once
-(KeyboardInterrupt), without waiting for the checkpoint. What a learner sees, under torchrun and on
-Slurm: docs/checkpoints.md.
+A handler only writes down that a request came; the lesson decides WHERE to stop (under DDP and FSDP every rank must
+leave at the same step: lessons 04 and 05 all_reduce the requests). A second Ctrl-C within CTRL_C_REPEAT_S seconds
+counts as the same press; a later one stops at once (KeyboardInterrupt), without waiting for the checkpoint.
 """
-from __future__ import annotations
-
 import os
 import shutil
 import signal

@@ -1,10 +1,8 @@
-"""A synthetic stand-in for MNIST, written as genuine IDX files that torchvision reads.
+"""A synthetic stand-in for MNIST, written as genuine IDX files: learnt in an epoch or two, but not trivial.
 
-Each image is a digit glyph (Pillow's built-in font, so nothing else is needed) with a
-random stroke thickness, affine jitter (shift, scale, rotation, shear), a smooth elastic
-warp and a little noise: white strokes on black, 28x28 uint8, like MNIST. A CNN learns it
-in an epoch or two, but it is not trivial. The output depends only on (seed, sizes), and
-image i is the same whatever the set size (a 3000-image set is a prefix of a 60000 one).
+Each image is a digit glyph (Pillow's built-in font) with a random stroke thickness, affine jitter, a smooth elastic
+warp and a little noise, 28x28 uint8 like MNIST. The output depends only on (seed, sizes), and image i is the same
+whatever the set size (a 3000-image set is a prefix of a 60000 one).
 """
 import json
 import math
@@ -25,10 +23,8 @@ _STROKES = (0, 1, 2)  # dilation radius in template pixels: thin to bold digits
 
 
 def _glyph_templates() -> torch.Tensor:
-    """Return [10, len(_STROKES), _T, _T] float glyphs in [0, 1], centred, ~40 px tall.
-
-    They are blurred with a tent filter so that sampling them at half resolution does not alias.
-    """
+    """[10, len(_STROKES), _T, _T] float glyphs in [0, 1], centred, ~40 px tall, blurred so that sampling them at
+    half resolution does not alias."""
     from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
     try:
@@ -100,8 +96,6 @@ def generate(size: int, seed: int, split: str) -> tuple[torch.Tensor, torch.Tens
         lab, img = _render_chunk(templates, gen)
         labels.append(lab)
         images.append(img)
-    if not labels:
-        return torch.zeros(0, 28, 28, dtype=torch.uint8), torch.zeros(0, dtype=torch.uint8)
     return torch.cat(images)[:size].contiguous(), torch.cat(labels)[:size].contiguous()
 
 
@@ -115,13 +109,8 @@ def write_idx(path: Path, data: torch.Tensor) -> None:
 
 
 def write_synthetic_mnist(root, train_size: int = 60000, test_size: int = 10000, seed: int = 0) -> Path:
-    """Write the four MNIST IDX files under ROOT/MNIST/raw/ and return that folder.
-
-    A marker file records the parameters: calling again with the same ones is a fast no-op,
-    different ones regenerate.
-    """
-    if train_size < 0 or test_size < 0:
-        raise ValueError(f"sizes must be >= 0, got train_size={train_size}, test_size={test_size}")
+    """Write the four MNIST IDX files under ROOT/MNIST/raw/ and return that folder; a marker file records the
+    parameters, so calling again with the same ones is a fast no-op."""
     raw = Path(root) / "MNIST" / "raw"
     marker = raw / MARKER
     params = {"generator_version": GENERATOR_VERSION, "seed": seed,
@@ -142,12 +131,3 @@ def write_synthetic_mnist(root, train_size: int = 60000, test_size: int = 10000,
     with atomic_write(marker, "w") as f:
         f.write(json.dumps(params, indent=1) + "\n")
     return raw
-
-
-if __name__ == "__main__":  # python -m common.synthetic DIR: write a full set and time it
-    import sys
-    import time
-
-    t0 = time.perf_counter()
-    out = write_synthetic_mnist(sys.argv[1] if len(sys.argv) > 1 else "data/synthetic")
-    print(f"wrote {out} in {time.perf_counter() - t0:.1f} s")

@@ -1,6 +1,4 @@
 """A warm-up that keeps one-off costs (kernel loading, cuDNN autotuning, allocator growth) out of the timed epochs."""
-from __future__ import annotations
-
 import copy
 import time
 
@@ -14,15 +12,9 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def warm_up(model, optimizer, train_loader, device: torch.device, args, amp_dtype=None, steps: int = 2) -> float:
-    """A few real training steps on random images, then everything put back; returns their seconds.
-
-    The first steps of a fresh process pay one-off costs: CUDA loads each kernel on its first use,
-    cuDNN times its convolution algorithms for every new input shape (the last, smaller batch of an
-    epoch is a second shape), the caching allocator grows, the optimizer creates its state, NCCL
-    connects on its first all_reduce. Paying them here keeps them out of the timed epochs; the
-    caller reports the seconds, they are not hidden. Weights, optimizer state and random-number
-    streams are restored exactly, so the results of the run do not change.
-    """
+    """A few real training steps on random images, then weights, optimizer state and random streams restored exactly;
+    returns their seconds (the caller reports them). They pay CUDA's kernel loading, cuDNN's autotuning for each
+    batch shape (the epoch's last, smaller batch is a second one), the allocator's growth, NCCL's first connection."""
     start = time.perf_counter()
     # The weights wait on the CPU (this rank's shard of each, under FSDP): a GPU copy would add 4 bytes per
     # parameter to the peak memory, the very number lessons 04 and 05 compare.

@@ -19,7 +19,7 @@ from lessons import ROOT, SCRIPTS, metrics
 from common.amp import autocast_dtype
 from common.distributed import pick_device
 from common.errors import CourseError
-from common.gpus import has_kernels, slurm_gpus, wheel_for
+from common.gpus import slurm_gpus
 
 CU130 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # torch 2.14.1+cu130's get_arch_list()
 V100 = "0, Tesla V100-SXM2-32GB, {driver}, 7.0"
@@ -180,11 +180,13 @@ def test_gpus_without_native_bfloat16_are_ready(capsys, monkeypatch, tmp_path):
 @pytest.mark.parametrize("cap, runs", [((9, 0), True), ((8, 9), True), ((12, 1), True), ((10, 3), True),
                                        ((7, 0), False), ((6, 1), False), ((11, 0), False)])
 def test_kernels_run_on_the_same_major_version(cap, runs):
+    has_kernels = load_check_env().has_kernels
     assert has_kernels(cap, CU130) is runs
     assert has_kernels(cap, ["sm_80", "compute_80"]) is (cap >= (8, 0))  # PTX: compiled for any newer GPU
 
 
 def test_blackwell_on_the_cuda_12_6_wheel_is_sent_to_cuda_13():
+    wheel_for = load_check_env().wheel_for
     assert wheel_for((12, 0)).startswith("install a CUDA 13 wheel (needs driver >= 580)")
     assert "download.pytorch.org/whl/cu130" in wheel_for((10, 0))
 
