@@ -17,8 +17,6 @@ from common.errors import CourseError
 from common.gpus import nvidia_smi, slurm_gpus, why_no_gpu
 from common.hostlist import expand_hostlist
 
-DEFAULT_TIMEOUT_S = 600
-
 
 @dataclass(frozen=True)
 class LaunchEnv:
@@ -32,7 +30,9 @@ class LaunchEnv:
     master_port: int | None = None
 
 
-def _int(env, name: str) -> int:
+def _int(env, name: str, default: int | None = None) -> int | None:
+    if name not in env:
+        return default
     try:
         return int(env[name])
     except ValueError:
@@ -63,26 +63,22 @@ def detect_launch(environ=None) -> LaunchEnv:
             raise CourseError("RANK is set but WORLD_SIZE is not: launch with torchrun, or export WORLD_SIZE too")
         rank, world_size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
         _check_ranks(rank, world_size, "torchrun/env")
-        local_world_size = _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world_size
+        local_world_size = _int(env, "LOCAL_WORLD_SIZE", world_size)
         local_rank = _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank % local_world_size
-        port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else None
-        return LaunchEnv("torchrun", rank, local_rank, world_size, local_world_size,
-                         env.get("MASTER_ADDR"), port)
+        return LaunchEnv("torchrun", rank, local_rank, world_size, local_world_size, env.get("MASTER_ADDR"),
+                         _int(env, "MASTER_PORT"))
 
     # srun sets SLURM_STEP_NUM_TASKS for its step; the batch script itself only has SLURM_NTASKS.
     ntasks_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
     if "SLURM_PROCID" in env and ntasks_var in env:
         rank, world_size = _int(env, "SLURM_PROCID"), _int(env, ntasks_var)
         _check_ranks(rank, world_size, "Slurm")
-        local_rank = _int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
+        local_rank = _int(env, "SLURM_LOCALID", 0)
         tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1"
         local_world_size = int(tasks_per_node.split("(")[0].split(",")[0])
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
         addr = env.get("MASTER_ADDR") or (expand_hostlist(nodelist)[0] if nodelist else "127.0.0.1")
-        if "MASTER_PORT" in env:
-            port = _int(env, "MASTER_PORT")
-        else:
-            port = slurm_master_port(_int(env, "SLURM_JOB_ID") if "SLURM_JOB_ID" in env else 0)
+        port = _int(env, "MASTER_PORT") or slurm_master_port(_int(env, "SLURM_JOB_ID", 0))
         return LaunchEnv("slurm", rank, local_rank, world_size, local_world_size, addr, port)
 
     return LaunchEnv("single", 0, 0, 1, 1)
@@ -132,7 +128,7 @@ def pick_device(requested: str = "auto", launch: LaunchEnv | None = None) -> tor
 
 def init_timeout() -> datetime.timedelta:
     """How long a collective may wait for the slowest rank before it fails: $DIST_TIMEOUT_SECONDS or 600 s."""
-    return datetime.timedelta(seconds=float(os.environ.get("DIST_TIMEOUT_SECONDS", DEFAULT_TIMEOUT_S)))
+    return datetime.timedelta(seconds=float(os.environ.get("DIST_TIMEOUT_SECONDS", 600)))
 
 
 def restart_safe_store(launch: LaunchEnv):

@@ -72,15 +72,6 @@ def missing_error(raw: Path, reason: str) -> CourseError:
         f"or train with --data synthetic")
 
 
-def _extract_gz(gz: Path, dest: Path) -> None:
-    """Decompress `gz` to `dest`, all or nothing."""
-    try:
-        with atomic_write(dest) as out, gzip.open(gz, "rb") as src:
-            shutil.copyfileobj(src, out, 1 << 20)
-    except (OSError, EOFError) as e:
-        raise CourseError(f"could not extract {gz} ({one_line(e)}): delete it and run again") from e
-
-
 def _download(root: Path) -> str | None:
     """Download through torchvision ($MNIST_MIRROR, a base URL, replaces its mirrors); None on success, else why not."""
     import torchvision  # only to download: it costs seconds to import, and every rank reads the files without it
@@ -126,16 +117,20 @@ def prepare_data(data_dir, kind: str = "mnist", download: bool = True, seed: int
     raw = raw_folder(root)
     problems = {name: _idx_problem(raw / name) for name in RAW_FILES}
     for name, problem in problems.items():
-        if problem is not None and (raw / f"{name}.gz").is_file():
-            _extract_gz(raw / f"{name}.gz", raw / name)
+        gz = raw / f"{name}.gz"
+        if problem is not None and gz.is_file():
+            try:  # all or nothing
+                with atomic_write(raw / name) as out, gzip.open(gz, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+            except (OSError, EOFError) as e:
+                raise CourseError(f"could not extract {gz} ({one_line(e)}): delete it and run again") from e
             problems[name] = _idx_problem(raw / name)
     bad = {name: p for name, p in problems.items() if p is not None}
     if not bad:
         return root
-    corrupt = {name: p for name, p in bad.items() if p != "missing"}
-    if corrupt:
-        name, problem = next(iter(corrupt.items()))
-        raise CourseError(f"{raw / name} is {problem}: delete it and run again")
+    for name, problem in bad.items():
+        if problem != "missing":
+            raise CourseError(f"{raw / name} is {problem}: delete it and run again")
     if not download:
         raise missing_error(raw, f"{len(bad)} of 4 raw files missing, download disabled")
     failure = _download(root)

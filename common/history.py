@@ -11,10 +11,9 @@ import torch
 import torch.distributed as dist
 
 from common.config import args_to_dict
-from common.distributed import is_main_process
-from common.files import atomic_write
+from common.distributed import get_world_size, is_main_process
 from common.early_stopping import best_epoch, time_to_target
-
+from common.files import atomic_write
 
 PLOT_EVERY_S = 30  # matplotlib takes ~1 s a figure (its import included): redraw curves.png at most this often, and when the run ends
 
@@ -23,7 +22,7 @@ class History:
     def __init__(self, args, lesson: str, device: torch.device, warmup_seconds: float = 0.0):
         self.args, self.device, self.dir = args, device, Path(args.output_dir)
         self.record = {
-            "lesson": lesson, "world_size": dist.get_world_size() if dist.is_initialized() else 1, "backend": dist.get_backend() if dist.is_initialized() else None,
+            "lesson": lesson, "world_size": get_world_size(), "backend": dist.get_backend() if dist.is_initialized() else None,
             "device": device.type, "torch_version": torch.__version__, "args": args_to_dict(args),
             "warmup_seconds": warmup_seconds, "time_to_target_seconds": None, "best_epoch": None,
             "peak_memory_bytes": None, "epochs": [],
