@@ -61,25 +61,20 @@ def creatable_folder(path) -> str | None:
     return None
 
 
-def course_folder() -> Path | None:
-    """The course folder of the lesson script that runs (COURSE/NN_lesson/...), or None for anything else."""
-    script = getattr(sys.modules.get("__main__"), "__file__", None)  # none in a notebook or an interactive session
-    path = Path(script).resolve() if script else None
-    course = next((p for p in path.parents if (p / "common").is_dir() and (p / "01_setup").is_dir()), None) \
-        if path else None
-    lesson = path.relative_to(course).parts[0] if course else ""
-    return course if lesson[:2].isdigit() and lesson[2:3] == "_" else None  # not pytest in COURSE/.venv, say
-
-
 def work_in_course_folder() -> None:
     """Make every relative path (data/, runs/, flags, --config) the course folder's, wherever the lesson was started:
     no second data/ or runs/ beside the script. The script's own course, not the one `common` came from."""
-    course = course_folder()
+    script = getattr(sys.modules.get("__main__"), "__file__", None)  # none in a notebook or an interactive session
+    path = Path(script).resolve() if script else Path("/")
+    course = next((p for p in path.parents if (p / "common").is_dir() and (p / "01_setup").is_dir()), None)
+    lesson = path.relative_to(course).parts[0] if course else ""
+    if not (lesson[:2].isdigit() and lesson[2:3] == "_"):  # not a lesson script (pytest in COURSE/.venv, say)
+        return
     try:
         here = Path.cwd()
     except FileNotFoundError:  # the folder was deleted under the shell
         here = None
-    if course is None or here == course:  # not a course script (e.g. a test calling main()), or already there
+    if here == course:
         return
     os.chdir(course)
     if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":

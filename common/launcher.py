@@ -77,20 +77,17 @@ def _worker(rank: int, world_size: int, port: int, threads: int, payload: bytes,
             # connecting to ("Gloo connectFullMesh failed ... Connection closed by peer").
             dist.barrier()
             dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
         # Plain pickle copies tensors by value; torch's queue would share them through file
         # descriptors that vanish when this process exits.
-        results.put((rank, "done", pickle.dumps(value)))
-        exit_code = 0
+        report, exit_code = (rank, "done", pickle.dumps(value)), 0
     except BaseException as exc:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        results.put((rank, "error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
-        exit_code = 1
+        report, exit_code = (rank, "error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())), 1
+    sys.stdout.flush()
+    sys.stderr.flush()
     # Make sure our report is in the pipe (before the other ranks notice we are gone and report
     # errors of their own), then leave at once: no waiting for a collective after a failure, and
     # no slow interpreter shutdown (unloading torch can take seconds on a busy machine).
+    results.put(report)
     results.close()
     results.join_thread()
     os._exit(exit_code)

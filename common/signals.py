@@ -44,10 +44,6 @@ class StopSignals:
             self._first_ctrl_c = self._first_ctrl_c or now
         self.request = max(self.request, REQUESTS[signum])
 
-    @property
-    def name(self) -> str:
-        return NAMES[self.request]
-
     def report(self, epoch: int, step: int) -> None:
         """After the checkpoint: say what happened and how to go on; for SIGUSR1 ask Slurm to requeue the job."""
         if not is_main_process():
@@ -58,7 +54,7 @@ class StopSignals:
             then = "not requeueing (Slurm decides after a SIGTERM); continue with --resume auto"
         else:
             then = "continue with the same command and --resume auto"
-        print(f"stopped by {self.name} at epoch {epoch} step {step}, checkpoint saved: {then}", flush=True)
+        print(f"stopped by {NAMES[self.request]} at epoch {epoch} step {step}, checkpoint saved: {then}", flush=True)
 
 
 def requeue_slurm_job() -> str:
