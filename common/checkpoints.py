@@ -89,7 +89,7 @@ class CheckpointDir:
         return sorted((p for p in self.dir.iterdir() if NAME.match(p.name)), key=lambda p: p.name, reverse=True)
 
     def resume_from(self, spec: str | None) -> Path | None:
-        """Every rank, before any data is read. None: a fresh run; "auto": the newest that reads back; else that path."""
+        """Every rank, before any data is read. None: a fresh run; "auto": the newest that reads back; or a path."""
         if is_main_process() and self.dir.is_dir():
             for stale in self.dir.glob("*.tmp"):  # shards of a save that was killed
                 shutil.rmtree(stale, ignore_errors=True)
@@ -100,14 +100,13 @@ class CheckpointDir:
                                   f"or start a new run with another --output-dir")
             return None
         if spec == "auto":
-            path, saved = None, None
-            for candidate in self.all():  # the newest that reads back: a save cut short is skipped
+            for path in self.all():  # the newest that reads back: a save cut short is skipped
                 try:
-                    path, saved = candidate, read_meta(candidate)
+                    saved = read_meta(path)
                     break
                 except CourseError as exc:
-                    log0(f"resume: skipping {candidate} ({exc})")
-            if path is None:
+                    log0(f"resume: skipping {path} ({exc})")
+            else:
                 log0(f"resume: starting fresh (no checkpoint in {self.dir})")
                 return None
         else:

@@ -1,4 +1,4 @@
-"""--config FILE (YAML or TOML) in as the parser's defaults; config.yaml out, so `--config runs/X/config.yaml` replays."""
+"""--config FILE (YAML or TOML) as the parser's defaults; config.yaml out, so `--config runs/X/config.yaml` replays."""
 import argparse
 import difflib
 import json

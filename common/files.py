@@ -1,4 +1,4 @@
-"""Files and folders all-or-nothing, so a crash or a kill never leaves half of one; relative paths in the course folder."""
+"""Files and folders all-or-nothing, so a crash never leaves half of one; relative paths in the course folder."""
 import os
 import shutil
 import sys

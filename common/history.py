@@ -22,7 +22,8 @@ class History:
     def __init__(self, args, lesson: str, device: torch.device, warmup_seconds: float = 0.0):
         self.args, self.device, self.dir = args, device, Path(args.output_dir)
         self.record = {
-            "lesson": lesson, "world_size": get_world_size(), "backend": dist.get_backend() if dist.is_initialized() else None,
+            "lesson": lesson, "world_size": get_world_size(),
+            "backend": dist.get_backend() if dist.is_initialized() else None,
             "device": device.type, "torch_version": torch.__version__, "args": args_to_dict(args),
             "warmup_seconds": warmup_seconds, "time_to_target_seconds": None, "best_epoch": None,
             "peak_memory_bytes": None, "epochs": [],
