@@ -29,18 +29,6 @@ def out_of_memory_line(exc: BaseException) -> str:
     return one_line(f"CUDA out of memory{where}{'; ' + tried if tried else ''}: {advice}", 400)
 
 
-def _port_in_use(exc: BaseException) -> bool:
-    text = str(exc)
-    return "EADDRINUSE" in text or "address already in use" in text.lower()
-
-
-def _is_communication_error(exc: BaseException) -> bool:
-    """A collective or the store failed: usually because another rank exited first."""
-    text = str(exc)
-    return isinstance(exc, (dist.DistError, ConnectionError)) or "Timed out waiting" in text \
-        or "Connection closed by peer" in text or "Connection reset by peer" in text
-
-
 def run(main, argv=None) -> None:
     """Call main(). Rank 0 prints `error: ...` and exits 2 for bad input (the other ranks, which meet the same problem,
     leave quietly); exit 1 with one line on a rank whose collective broke because another rank stopped first; exit
@@ -60,11 +48,14 @@ def run(main, argv=None) -> None:
         code, line = 130, ("interrupted (Ctrl-C): the epoch in progress is lost; continue from the last "
                            "checkpoint with the same command and --resume auto")
     except Exception as exc:
-        if _port_in_use(exc):
+        text = str(exc)
+        if "EADDRINUSE" in text or "address already in use" in text.lower():
             port, addr = os.environ.get("MASTER_PORT"), os.environ.get("MASTER_ADDR")
             code, line = 2, (f"error: MASTER_PORT {port} is already in use on {addr}: pick another, e.g. "
                              f"MASTER_PORT={port and int(port) + 1} (torchrun: --master_port or --rdzv_endpoint)")
-        elif _is_communication_error(exc):  # usually another rank exited first: its own error says why
+        elif isinstance(exc, (dist.DistError, ConnectionError)) or any(broken in text for broken in (
+                "Timed out waiting", "Connection closed by peer", "Connection reset by peer")):
+            # A collective or the store failed: usually another rank exited first, and its own error says why.
             code, line, quiet = 1, (f"rank {get_rank()}: stopping, a collective failed, most likely because another "
                                     f"rank stopped first (see its error) ({one_line(exc, 120)})"), False
         else:
