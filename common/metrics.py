@@ -8,12 +8,20 @@ import torch
 import torch.distributed as dist
 
 
-def all_reduce_sum(values, device: torch.device | str = "cpu", op=dist.ReduceOp.SUM) -> list[float]:
-    """Sum a list of numbers over all ranks (float64, so counts stay exact); op=MAX takes the largest instead."""
+def all_reduce_sum(values, device: torch.device | str = "cpu") -> list[float]:
+    """Sum a list of numbers over all ranks (float64, so counts stay exact)."""
     t = torch.tensor(list(values), dtype=torch.float64, device=device)
     if dist.is_initialized():  # in a single process the same code runs, without the all_reduce
-        dist.all_reduce(t, op=op)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
+
+
+def all_reduce_max(value: float, device: torch.device | str = "cpu") -> float:
+    """The largest value over all ranks, e.g. the slowest rank's epoch time."""
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
 
 
 class EpochMeter:
@@ -50,7 +58,7 @@ class EpochMeter:
         """Global loss, accuracy, count and images/s over all ranks. Every rank must call it."""
         if self.seconds is None:
             self.stop_clock()
-        seconds = all_reduce_sum([self.seconds], self.device, dist.ReduceOp.MAX)[0]  # the slowest rank sets the pace
+        seconds = all_reduce_max(self.seconds, self.device)  # the slowest rank sets the pace
         loss_sum, correct, count = all_reduce_sum(
             [self.loss_sum.item(), self.correct.item(), self.count], self.device)
         count = int(count)
