@@ -1,5 +1,6 @@
-"""DDP, FSDP2 and TP on the same TPNet, one after the other in one torchrun: seconds per step, peak memory, and the
-communication time predicted from the measured bus bandwidth against the profiled NCCL kernel time.
+"""DDP, FSDP2, TP (and on 4+ GPUs 2-D: TP in pairs, FSDP2 across them) on the same TPNet, one after the other in
+one torchrun: seconds per step, peak memory, and the communication time predicted from the measured bus bandwidth
+against the profiled NCCL kernel time.
 
     torchrun --standalone --nproc_per_node=2 06_tensor_parallel/tp_gpu_bench.py --data-dir .mnist \\
         --blocks 4 --hidden 4096 --out runs/tp_gpu.json
@@ -65,7 +66,7 @@ def build(strategy: str, args, device, world: int):
         torch.manual_seed(args.seed)
         model = L.TPNet(blocks=args.blocks, hidden=args.hidden).to(device)
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None), world, 0
-    tp = world if strategy == "tp" else 1
+    tp = {"tp": world, "2d": 2}.get(strategy, 1)  # 2-D: TP in pairs, FSDP2 across the pairs
     mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
     with torch.device("meta"):
         model = L.TPNet(blocks=args.blocks, hidden=args.hidden)
@@ -112,9 +113,10 @@ def measure(strategy: str, args, device, world: int, dataset, busbw: float) -> d
                      if e.device_type == DeviceType.CUDA and "nccl" in e.name.lower()) / 1e6
     else:  # gloo runs on CPU threads: its ops' CPU time
         comm_s = sum(e.cpu_time_total for e in prof.key_averages() if "gloo" in e.key.lower()) / 1e6
-    payloads = predict({"ddp": "ddp", "fsdp2": "fsdp", "tp": "tp"}[strategy], args.blocks, args.hidden,
-                       args.batch_size, dp=dp, tp=world // dp)
-    wire_bytes = sum(wire(c, b, world) for c, b in payloads.items())  # one dimension of `world` ranks here
+    tp = world // dp
+    payloads = predict("ddp" if strategy == "ddp" else "fsdp", args.blocks, args.hidden, args.batch_size, dp=dp, tp=tp)
+    # TP's all_reduces run among the tp ranks of a group, FSDP2's gathers and reduce-scatters among the dp ones
+    wire_bytes = sum(wire(c, b, tp if c == "all_reduce" and tp > 1 else dp) for c, b in payloads.items())
     del model, optimizer
     return {"strategy": strategy, "s_per_step": seconds, "images_per_s": dp * args.batch_size / seconds,
             "peak_mib": peak / 2**20, "wire_mb_per_step": wire_bytes / 1e6,
@@ -145,7 +147,8 @@ def main():
     train, _, _ = load_mnist(args.data_dir, args.data, needed, 100, 0, seed=args.seed, is_main=env.rank == 0,
                              barrier=dist.barrier)
     busbw = bus_bandwidth(device, world)
-    rows = [measure(s, args, device, world, train, busbw) for s in ("ddp", "fsdp2", "tp")]
+    strategies = ("ddp", "fsdp2", "tp") + (("2d",) if world >= 4 and world % 2 == 0 else ())
+    rows = [measure(s, args, device, world, train, busbw) for s in strategies]
     if env.rank == 0:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         print(f"{world} x {name}, torch {torch.__version__}, TPNet --blocks {args.blocks} --hidden {args.hidden}, "
