@@ -2,7 +2,7 @@
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # many small processes share 2 cores
-# A process that keeps torch's default threads (the walk's, a notebook kernel's) must not spin: an idle OpenMP
+# A process that keeps torch's default threads (the walk's: a learner's environment) must not spin: an idle OpenMP
 # thread busy-waits for its next task by default, taking the core another test needs (lesson 03's walked run:
 # 25 s of training instead of 4.5 s beside one busy process). Only the speed changes, not a printed number.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
