@@ -223,15 +223,15 @@ def main(argv=None):
     args = parse(parser, argv)
     hidden = args.hidden or 128 * args.width
     if EXPAND * hidden % args.tp:  # ColwiseParallel cuts the EXPAND x hidden features evenly
-        parser.error(f"argument --tp: must divide the {EXPAND} x {hidden} features of a block, "
-                     f"got {args.tp}")
+        parser.error(f"argument --tp: must divide the {EXPAND} x {hidden} features of a block, got {args.tp}")
     checkpoints = CheckpointDir(args, LESSON, sharded=True)
     resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables
-    if env.world_size % args.tp:
-        raise CourseError(f"--tp {args.tp} does not divide the {env.world_size} processes: pick a divisor of "
-                          f"{env.world_size} (e.g. --tp {env.local_world_size}: TP inside each node)")
+    if env.world_size % args.tp:  # plain python is ONE process: the default --tp 2 needs torchrun
+        raise CourseError(f"--tp {args.tp} does not divide the {env.world_size} process{'es' * (env.world_size > 1)}: "
+                          f"pick a divisor of {env.world_size} (e.g. --tp {env.local_world_size}: TP inside each node), "
+                          f"or start a multiple of {args.tp} processes (torchrun --nproc_per_node={args.tp})")
     device = pick_device(args.device, env)  # cuda:LOCAL_RANK: the GPU is chosen by the rank WITHIN the node
     if device.type == "cuda":
         torch.cuda.set_device(device)  # this process uses this GPU, and only this one

@@ -41,7 +41,7 @@ def read_meta(path) -> dict:
         raise CourseError(f"checkpoint {path} does not exist: check --resume")
     try:
         if path.is_dir():
-            import torch.distributed.checkpoint as dcp  # here: only lesson 05 writes DCP folders (the import takes ~1 s)
+            import torch.distributed.checkpoint as dcp  # here: only lessons 05, 06 write DCP folders (its import: ~1 s)
             dcp.FileSystemReader(path).read_metadata()  # a missing or cut .metadata fails here, before DCP logs it
             state = {"run": {k: None for k in signature(None, "")}, "position": {"epoch": 0, "step": 0, "rng": b""}}
             with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from bad_inputs import LESSONS, SCRIPTS, SMALL, Case, lesson_parser, load_script
+from bad_inputs import LESSONS, SCRIPTS, SHARDED, Case, lesson_parser, load_script, small
 
 
 # ---- where a row runs -----------------------------------------------------------------------------------
@@ -53,14 +53,14 @@ class Context:
 
 
 def make_artifacts(art: Path, data: str) -> None:
-    """Real checkpoints of every lesson (the SMALL run, in-process), a truncated one, a broken DCP folder,
-    and two --config files."""
+    """Real checkpoints of every lesson (the small() run, in-process), a truncated one, a broken DCP folder of each
+    sharded lesson, and two --config files."""
     from unittest import mock
 
     art.mkdir(parents=True, exist_ok=True)
     ctx = Context(data, str(art), str(art / "runs"))
     for lesson in LESSONS:
-        case = Case(f"artifact-{lesson}", lesson, "", (*SMALL, "--output-dir", "{out}"), expect="ok")
+        case = Case(f"artifact-{lesson}", lesson, "", (*small(lesson), "--output-dir", "{out}"), expect="ok")
         with mock.patch("common.history.plot_curves"):  # an input, not under test: its curves.png costs ~1.5 s
             result = run_in_process(case, ctx)
         if result["code"] != 0:
@@ -68,9 +68,10 @@ def make_artifacts(art: Path, data: str) -> None:
         produced = sorted((Path(ctx.paths(case)["out"]) / "checkpoints").iterdir())[-1]
         (shutil.copytree if produced.is_dir() else shutil.copyfile)(produced, art / f"ckpt-{lesson}")
     (art / "truncated.pt").write_bytes((art / "ckpt-02").read_bytes()[:2000])
-    shutil.copytree(art / "ckpt-05", art / "broken-dcp")
-    metadata = art / "broken-dcp" / ".metadata"
-    metadata.write_bytes(metadata.read_bytes()[: metadata.stat().st_size // 2])
+    for lesson in SHARDED:
+        shutil.copytree(art / f"ckpt-{lesson}", art / f"broken-dcp-{lesson}")
+        metadata = art / f"broken-dcp-{lesson}" / ".metadata"
+        metadata.write_bytes(metadata.read_bytes()[: metadata.stat().st_size // 2])
     (art / "epochs-zero.yaml").write_text("epochs: 0\n")
     (art / "typo-key.yaml").write_text("epoch: 2\n")
 

@@ -1,28 +1,31 @@
 """THE table of learner mistakes, and how one row runs in-process and is judged. One place: a new flag gets rows.
 
-Every lesson script (02-05, and 01's download_mnist.py; hello_distributed.py and check_env.py: their one flag,
---device; lesson 06: the value rows and its --tp mistakes) gets the same mistakes, each run once in-process
-as `python SCRIPT ...` would run it:
+Every lesson script (02-06, and 01's download_mnist.py; hello_distributed.py and check_env.py: their one flag,
+--device) gets the same mistakes, each run once in-process as `python SCRIPT ...` would run it:
 
   values         zero, a negative and a non-number for EVERY numeric flag of the script's own parser, a
                  typo'd flag, a choice out of range, a typo'd --compile backend, --patience without
-                 --val-samples, --val-samples that leaves no training images, bad --config files
+                 --val-samples, --val-samples that leaves no training images, bad --config files; lesson
+                 06's --tp that cuts no block evenly, or (plain python: its default --tp 2) no process count
   paths          a typo'd --data-dir, an --output-dir or --data-dir under a regular file (unwritable even as
                  root), --resume with a checkpoint of another lesson, of another --width, a truncated one, a
-                 missing one, a broken sharded one; lesson 05's --init-from with a truncated or mismatched file
-  launches       lessons 04/05 under plain python (one process, exit 0: not a mistake), more ranks than the
+                 missing one, a broken sharded one (05, 06); lesson 05's --init-from with a truncated or
+                 mismatched file
+  launches       lessons 04-06 under plain python (one process, exit 0: not a mistake), more ranks than the
                  data has batches (exit 0, test_samples exactly 1)
   interruptions  a second run into a used --output-dir (refused at once, before data is loaded), Ctrl-C
                  while the data loads (outside a checkpointing stop: exit 130, one line)
 
-Under torchrun with 2 ranks as well (TORCHRUN_ROWS, lessons 04 and 05 only: 02 and 03 make no process group)
+Under torchrun with 2 ranks as well (TORCHRUN_ROWS, lessons 04-06 only: 02 and 03 make no process group)
 run only the mistakes where the ranks must agree: a failing rank (rank 0 cannot find the data while rank 1
 waits in a barrier), more ranks than batches, a checkpoint of another lesson, a corrupt checkpoint, Ctrl-C,
 a used folder. A value or parser mistake meets the same parser before init_process_group on every rank
-(rank 1 quiet, by RANK), so a second launcher would repeat the python row.
+(rank 1 quiet, by RANK), so a second launcher would repeat the python row. Lesson 06's rows carry --tp 1 (one
+process has no other mesh); its torchrun rows are twins, ID-tp2, on the README's 2-rank mesh (--tp 2: dp 1 x
+tp 2), but more ranks than batches keeps --tp 1 (2 data-parallel ranks: with dp 1 there is one batch stream).
 
 How the numeric flags are found: `lesson_parser(script)` runs the script's own main() until its FIRST call
-of `Parser.parse_known_args` (lessons 02-05 reach it through common.cli.parse, download_mnist.py through
+of `Parser.parse_known_args` (lessons 02-06 reach it through common.cli.parse, download_mnist.py through
 parse_args) and keeps the parser there, unparsed. That is exactly the parser a learner's command meets,
 base_parser plus the lesson's own flags, built by the lesson's own code, with no side effect: the lessons
 build their parser first, before anything else. A flag is numeric when its argparse `type` turns "1" into an
@@ -43,23 +46,23 @@ from lessons import ROOT, SCRIPTS as LESSON_SCRIPTS
 
 SCRIPTS = {**{k: v for k, v in LESSON_SCRIPTS.items() if k != "01"}, "download": ROOT / "01_setup" / "download_mnist.py",
            "check_env": ROOT / "01_setup" / "check_env.py", "hello": ROOT / "01_setup" / "hello_distributed.py"}
-LESSONS = ("02", "03", "04", "05")
-# Lesson 06 has, so far, only the rows of its parser: the value rows and its --tp mistakes (the path, launch and
-# interruption rows need checkpoints of it in the session's artifacts).
-PARSER_ONLY = ("06",)
+LESSONS = ("02", "03", "04", "05", "06")
 MODES = ("python", "torchrun")
-# The rows (by name, after the lesson number) that also run under torchrun in lessons 04 and 05 (see above).
+# The rows (by name, after the lesson number) that also run under torchrun in lessons 04-06 (see above).
 TORCHRUN_ROWS = ("data-dir-typo", "resume-other-lesson", "resume-truncated", "resume-broken-sharded",
                  "used-output-dir", "ctrl-c-while-loading")
 
 # Counts: zero is a sensible value (no validation, no warm-up, seed 0, no DataLoader workers, no extra blocks).
 ZERO_ALLOWED = frozenset({"--val-samples", "--warmup-steps", "--seed", "--num-workers", "--blocks"})
-# A tiny run on the session's synthetic data: every lesson row starts from it, the row's flags come after it
-# (argparse: the last value wins). The artifacts (checkpoints) are written with exactly these flags.
+# A tiny run on the session's synthetic data: every lesson row starts from it and the lesson's LESSON_FLAGS
+# (small()), the row's flags come after them (argparse: the last value wins). The artifacts (checkpoints) are
+# written with exactly these flags.
 SMALL = ("--data", "synthetic", "--data-dir", "{data}", "--num-workers", "0", "--train-samples", "64",
          "--test-samples", "16", "--batch-size", "32", "--epochs", "1", "--max-steps", "1")
+LESSON_FLAGS = {"06": ("--blocks", "2", "--tp", "1")}  # after SMALL: the README's blocks, the one-process mesh
 NO_NETWORK = (("MNIST_MIRROR", "http://127.0.0.1:9/"),)  # a refused connection: a download fails at once
-OTHER_LESSON = {"02": "04", "03": "02", "04": "02", "05": "04"}  # whose checkpoint a row hands to --resume
+SHARDED = ("05", "06")  # the lessons that write DCP folders, not .pt files
+OTHER_LESSON = {"02": "04", "03": "02", "04": "02", "05": "04", "06": "04"}  # whose checkpoint a row hands to --resume
 
 @dataclass(frozen=True)
 class Case:
@@ -143,6 +146,11 @@ def numeric_flags(parser) -> list[tuple[str, str]]:
 
 # ---- the table ------------------------------------------------------------------------------------------
 
+def small(lesson: str) -> tuple[str, ...]:
+    """SMALL and the lesson's own flags: the rows' start, and the artifacts' whole command (with --output-dir)."""
+    return (*SMALL, *LESSON_FLAGS.get(lesson, ()))
+
+
 def _slug(flag: str) -> str:
     return flag.lstrip("-")
 
@@ -150,7 +158,7 @@ def _slug(flag: str) -> str:
 def _value_rows(script: str) -> list[Case]:
     rows = []
     for flag, kind in numeric_flags(lesson_parser(script)):
-        base = (*SMALL, "--output-dir", "{out}") if script in LESSONS else ()
+        base = (*small(script), "--output-dir", "{out}") if script in LESSONS else ()
         if flag in ZERO_ALLOWED:
             rows.append(Case(f"{script}-{_slug(flag)}-zero", script, f"{flag} 0 (a count: allowed)",
                              (*base, flag, "0"), expect="accepted"))
@@ -166,7 +174,7 @@ def _value_rows(script: str) -> list[Case]:
 
 
 def _lesson_rows(lesson: str) -> list[Case]:
-    base = (*SMALL, "--output-dir", "{out}")
+    base = (*small(lesson), "--output-dir", "{out}")
     other = OTHER_LESSON[lesson]
     rows = _value_rows(lesson) + [
         Case(f"{lesson}-typo-flag", lesson, "--epoch 1 (for --epochs)", (*base, "--epoch", "1"),
@@ -194,7 +202,7 @@ def _lesson_rows(lesson: str) -> list[Case]:
              (*base, "--data-dir", "{case}/afile/data"), setup="file-in-the-way",
              needles=("{case}/afile/data",)),
         Case(f"{lesson}-output-dir-under-a-file", lesson, "--output-dir FILE/out (cannot be created)",
-             (*SMALL, "--output-dir", "{case}/afile/out"), setup="file-in-the-way",
+             (*small(lesson), "--output-dir", "{case}/afile/out"), setup="file-in-the-way",
              needles=("{case}/afile/out",)),
         Case(f"{lesson}-resume-other-lesson", lesson, f"--resume a lesson {other} checkpoint",
              (*base, "--resume", f"{{art}}/ckpt-{other}"),
@@ -217,10 +225,12 @@ def _lesson_rows(lesson: str) -> list[Case]:
         rows.append(Case(f"{lesson}-resume-sharded-checkpoint", lesson, "--resume lesson 05's DCP folder",
                          (*base, "--resume", "{art}/ckpt-05"),
                          needles=("lesson '05_multigpu_fsdp_training' there",)))
+    if lesson in SHARDED:
+        rows.append(Case(f"{lesson}-resume-broken-sharded", lesson, "--resume a DCP folder, its .metadata cut",
+                         (*base, "--resume", f"{{art}}/broken-dcp-{lesson}"),
+                         needles=(f"{{art}}/broken-dcp-{lesson} is not a readable checkpoint",)))
     if lesson == "05":
         rows += [
-            Case("05-resume-broken-sharded", "05", "--resume a DCP folder whose .metadata is truncated",
-                 (*base, "--resume", "{art}/broken-dcp"), needles=("{art}/broken-dcp is not a readable checkpoint",)),
             # The --init-from rows are not in the torchrun driver: rank 0 fails after init while rank 1 waits in
             # a broadcast. In a real launch rank 0 EXITS, which closes its sockets (rank 1 hears "Connection
             # closed by peer") and torchrun stops rank 1; in-process, rank 0 lives on and its FSDP state
@@ -233,8 +243,24 @@ def _lesson_rows(lesson: str) -> list[Case]:
                  (*base, "--init-from", "{art}/ckpt-04", "--width", "2"),
                  needles=("--init-from {art}/ckpt-04: not the weights of this Net", "same --width")),
         ]
-    if lesson in ("04", "05"):
-        rows = [replace(row, modes=MODES) if row.id.split("-", 1)[1] in TORCHRUN_ROWS else row for row in rows]
+    if lesson == "06":
+        rows += [
+            Case("06-tp-not-an-integer", "06", "--tp 1.5", (*base, "--tp", "1.5"),
+                 needles=("argument --tp: '1.5' is not an integer",)),
+            Case("06-tp-not-a-divisor", "06", "--tp 3 (the 4 x 128 features of a block split in 3?)",
+                 (*base, "--tp", "3"), needles=("argument --tp: must divide the 4 x 128 features of a block, got 3",)),
+            Case("06-default-tp-under-plain-python", "06", "python without --tp 1: the default --tp 2 on ONE process",
+                 (*base, "--tp", "2"), needles=("--tp 2 does not divide the 1 process", "--tp 1", "torchrun")),
+            Case("06-tp-more-than-ranks", "06", "--tp 4 on 2 ranks", (*base, "--tp", "4"), modes=("torchrun",),
+                 needles=("--tp 4 does not divide the 2 processes", "--tp 2")),
+        ]
+    if lesson in ("04", "05", "06"):
+        torchrun = [row for row in rows if row.id.split("-", 1)[1] in TORCHRUN_ROWS]
+        if lesson == "06":  # twins on the README's 2-rank mesh (see above); the last --tp wins
+            rows += [replace(row, id=f"{row.id}-tp2", what=f"{row.what}, --tp 2", argv=(*row.argv, "--tp", "2"),
+                             modes=("torchrun",)) for row in torchrun]
+        else:
+            rows = [replace(row, modes=MODES) if row in torchrun else row for row in rows]
         rows += [
             Case(f"{lesson}-under-plain-python", lesson, "python on a torchrun lesson: ONE process, not a mistake",
                  base, expect="ok", test_samples=16, world_size=1),
@@ -270,17 +296,8 @@ def _device_flag_rows() -> list[Case]:
              needles=("unrecognized arguments: --devise",)))]
 
 
-def _tp_rows() -> list[Case]:
-    return _value_rows("06") + [
-        Case("06-tp-not-an-integer", "06", "--tp 1.5", ("--tp", "1.5"), needles=("argument --tp: '1.5' is not an integer",)),
-        Case("06-tp-not-a-divisor", "06", "--tp 3 (the 4 x 128 features of a block split in 3?)", ("--tp", "3"),
-             needles=("argument --tp: must divide the 4 x 128 features of a block, got 3",)),
-    ]
-
-
 def build_table() -> list[Case]:
-    rows = [row for lesson in LESSONS for row in _lesson_rows(lesson)] + _tp_rows() + _download_rows() + \
-        _device_flag_rows()
+    rows = [row for lesson in LESSONS for row in _lesson_rows(lesson)] + _download_rows() + _device_flag_rows()
     ids = [row.id for row in rows]
     assert len(ids) == len(set(ids)), "duplicate row ids"
     return rows

@@ -5,7 +5,7 @@ How it stays inside its time budget (a subprocess per row would take ~5 s, a tor
     SystemExit caught, output captured), against each lesson's own main() and so its own parser; one test per
     lesson checks that parser has every shared flag with the shared checks;
   * torchrun: ONE launch of tests/bad_input_driver.py with 2 ranks runs the rows where the ranks must agree
-    (13 rows, 6 process groups) in each worker and writes per-rank results; it starts in the background as
+    (21 rows, 9 process groups) in each worker and writes per-rank results; it starts in the background as
     soon as the artifacts exist;
   * a few REAL launches (also in the background) prove the in-process verdicts match real processes: one
     argparse error, the used --output-dir, a typo'd --data-dir (plain python), and a checkpoint-level error
@@ -30,7 +30,7 @@ import pytest
 
 from bad_input_runs import (Context, leftovers, make_artifacts, prepare, problems, run_in_process,
                             torchrun_report_problems)
-from bad_inputs import LESSONS, PARSER_ONLY, ROOT, SCRIPTS, ZERO_ALLOWED, build_table, lesson_parser, load_script, numeric_flags
+from bad_inputs import LESSONS, ROOT, SCRIPTS, ZERO_ALLOWED, build_table, lesson_parser, load_script, numeric_flags
 
 pytestmark = pytest.mark.timeout(300)  # the first test also pays for the module's setup (artifacts, launches)
 TABLE = build_table()
@@ -129,18 +129,18 @@ def matrix(tmp_path_factory, synthetic_dir):
 
 def test_every_numeric_flag_of_every_script_has_its_three_rows(matrix):
     """A maintainer added a numeric flag: it gets zero, negative and non-numeric rows without editing the table."""
-    for script in [*LESSONS, *PARSER_ONLY, "download"]:
+    for script in [*LESSONS, "download"]:
         flags = numeric_flags(lesson_parser(script))
         for flag, _ in flags:
             for kind in ("zero", "negative", "not-a-number"):
                 assert f"{script}-{flag.lstrip('-')}-{kind}" in ROWS, (script, flag, kind)
-        if script in LESSONS + PARSER_ONLY:
+        if script in LESSONS:
             assert len(flags) >= 20 and ZERO_ALLOWED <= {flag for flag, _ in flags}, flags
         if script == "05":
             assert {"--hsdp", "--init-from"} <= {s for a in lesson_parser("05")._actions for s in a.option_strings}
 
 
-@pytest.mark.parametrize("lesson", LESSONS + PARSER_ONLY)
+@pytest.mark.parametrize("lesson", LESSONS)
 def test_the_lesson_parser_has_every_shared_flag_with_the_shared_checks(lesson):
     """base_parser's flags, each with the same type (range check), choices, default and arity in the lesson's own
     parser: a mistake the shared parser refuses is refused by every lesson, whichever launcher started it."""

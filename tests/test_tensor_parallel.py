@@ -68,7 +68,7 @@ def test_the_script_trains_on_a_2x2_mesh(run_2x2):
     plain.load_state_dict(torch.load(out / "model_full.pt", weights_only=True))  # a plain TPNet's weights
 
 
-# --tp 0, -1, 1.5 and 3 (not a divisor of 4 x hidden): rows of the bad-input table (tests/bad_inputs.py)
+# --tp 0, -1, 1.5, 3, 2 on one process and 4 on two: rows of the bad-input table (tests/bad_inputs.py)
 def test_tp_not_dividing_the_processes_is_one_line(tmp_path, capsys, monkeypatch):
     for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "6",
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
