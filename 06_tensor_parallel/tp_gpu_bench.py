@@ -1,9 +1,8 @@
 """DDP, FSDP2, TP (and on 4+ GPUs 2-D: TP in pairs, FSDP2 across them) on the same TPNet, one after the other in
-one torchrun: seconds per step, peak memory, and the communication time predicted from the measured bus bandwidth
-against the profiled NCCL kernel time.
+one process group: seconds per step, peak memory, and the communication time predicted from the measured bus
+bandwidth against the profiled NCCL kernel time. The benchmark runner's `tp` suite (benchmarks/worker.py) runs it:
 
-    torchrun --standalone --nproc_per_node=2 06_tensor_parallel/tp_gpu_bench.py --data-dir .mnist \\
-        --blocks 4 --hidden 4096 --out runs/tp_gpu.json
+    python benchmarks/bench.py --suite tp --gpus 2,4 --data-dir data    # rows and a section in docs/benchmarks.md
 
 DDP and FSDP2 give each rank its own batch (a step trains N x --batch-size images), TP gives every rank the
 same one (a step trains --batch-size images), so the table shows images/s too. The predicted communication
@@ -15,7 +14,6 @@ allocated during the timed steps, less what was allocated before the model was b
 """
 import argparse
 import gc
-import json
 import os
 import sys
 import time
@@ -34,8 +32,6 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from torch.utils.data import DistributedSampler  # noqa: E402
 
 from comm_bytes import predict, wire  # noqa: E402
-from common.data import load_mnist  # noqa: E402
-from common.distributed import launch_env, pick_device  # noqa: E402
 from common.loaders import DeviceLoader  # noqa: E402
 from tp_workers import lesson  # noqa: E402
 
@@ -58,6 +54,15 @@ def bus_bandwidth(device, world: int, size: int = 64 * 2**20, repeats: int = 10)
     seconds = torch.tensor([(time.perf_counter() - start) / repeats], dtype=torch.float64, device=device)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
     return 2 * (world - 1) / world * size / seconds.item()
+
+
+def strategies(world: int) -> tuple:
+    return ("ddp", "fsdp2", "tp") + (("2d",) if world >= 4 and world % 2 == 0 else ())
+
+
+def parameters(args) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in lesson().TPNet(blocks=args.blocks, hidden=args.hidden).parameters())
 
 
 def build(strategy: str, args, device, world: int):
@@ -121,49 +126,3 @@ def measure(strategy: str, args, device, world: int, dataset, busbw: float) -> d
     return {"strategy": strategy, "s_per_step": seconds, "images_per_s": dp * args.batch_size / seconds,
             "peak_mib": peak / 2**20, "wire_mb_per_step": wire_bytes / 1e6,
             "predicted_comm_ms": 1e3 * wire_bytes / busbw, "profiled_comm_ms": 1e3 * comm_s / args.profiled_steps}
-
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", choices=["mnist", "synthetic"], default="mnist")
-    p.add_argument("--data-dir", default="data")
-    p.add_argument("--blocks", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--batch-size", type=int, default=64, help="images per rank (DDP, FSDP2), per TP group (TP)")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--profiled-steps", type=int, default=5)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", default=None, help="also write the rows as JSON here")
-    args = p.parse_args()
-    env = launch_env()
-    device = pick_device("auto", env)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(dist.get_default_backend_for_device(device), rank=env.rank, world_size=env.world_size,
-                            device_id=device if device.type == "cuda" else None)
-    world = dist.get_world_size()
-    needed = (args.warmup + args.steps + args.profiled_steps) * args.batch_size * world
-    train, _, _ = load_mnist(args.data_dir, args.data, needed, 100, 0, seed=args.seed, is_main=env.rank == 0,
-                             barrier=dist.barrier)
-    busbw = bus_bandwidth(device, world)
-    strategies = ("ddp", "fsdp2", "tp") + (("2d",) if world >= 4 and world % 2 == 0 else ())
-    rows = [measure(s, args, device, world, train, busbw) for s in strategies]
-    if env.rank == 0:
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        print(f"{world} x {name}, torch {torch.__version__}, TPNet --blocks {args.blocks} --hidden {args.hidden}, "
-              f"{sum(p.numel() for p in lesson().TPNet(blocks=args.blocks, hidden=args.hidden).parameters()) / 1e6:.1f}"
-              f" M parameters, batch {args.batch_size}, {args.data}; busbw {busbw / 1e9:.2f} GB/s")
-        print(f"{'strategy':8} {'s/step':>8} {'img/s':>9} {'peak MiB':>9} {'wire MB':>8} {'pred ms':>8} {'prof ms':>8}")
-        for r in rows:
-            print(f"{r['strategy']:8} {r['s_per_step']:8.4f} {r['images_per_s']:9,.0f} {r['peak_mib']:9,.0f} "
-                  f"{r['wire_mb_per_step']:8.1f} {r['predicted_comm_ms']:8.2f} {r['profiled_comm_ms']:8.2f}")
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps({"device": name, "world": world, "torch": torch.__version__,
-                                                  "busbw": busbw, "args": vars(args), "rows": rows}, indent=1))
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

@@ -8,8 +8,8 @@
 
 Suites: throughput (lessons 02/04/05 img/s), scaling (large batches), recipe (lesson 04, seeds 1-5, time to
 99%), plain (the plain loop, same seeds and GPUs), dp (lesson 03), tools (the FSDP2 tools, 2 GPUs), overlap
-(DDP's all_reduce against backward, 2 GPUs), fsdp_oom (DDP out of memory where FSDP2 trains, 2 capped GPUs),
-bandwidth (all_reduce per NCCL transport), parity (lesson 02 against --reference, a pytorch/examples
+(DDP's all_reduce against backward, 2 GPUs), fsdp_oom (DDP out of memory where FSDP2 trains, 2 capped GPUs, with a
+memory snapshot of each), tp (lesson 06: DDP, FSDP2, TP and on 4+ GPUs 2-D, 2+ GPUs), bandwidth (all_reduce per NCCL transport), parity (lesson 02 against --reference, a pytorch/examples
 mnist/main.py). One launch per GPU count runs that count's suites in-process (benchmarks/worker.py); rows are
 merged into OUT/benchmarks.json after every launch, keyed by measurement, so a killed run keeps what it measured.
 """
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import report  # noqa: E402
 
-SUITES = ("throughput", "scaling", "recipe", "plain", "dp", "tools", "overlap", "fsdp_oom", "bandwidth", "parity")
+SUITES = ("throughput", "scaling", "recipe", "plain", "dp", "tools", "overlap", "fsdp_oom", "tp", "bandwidth", "parity")
 START_S = 15  # a launch: Python, torch, CUDA and NCCL, the data (2x H100, c3cd817)
 
 
@@ -39,12 +39,12 @@ def estimate(suite: str, n: int) -> float:
     """GPU seconds of one suite on n GPUs, from the c3cd817 runs on 2x H100 (real MNIST)."""
     loader, device = 3.5 / n ** 0.8, 0.35 / n ** 0.8  # lesson 04's s/epoch: DataLoader batch 64, on-device 512
     run = 3.0  # a lesson run's warm-up, tests and checkpoints
-    return {"throughput": (2 * run + 2 * 3.2 + 3 * 0.31 if n == 1 else 0) + 2 * run + 2 * loader + 3 * device
+    return {"throughput": (2 * run + 3 * 3.2 + 3 * 0.31 if n == 1 else 0) + 2 * run + 3 * loader + 3 * device
             + run + 3 * 1.3 / n ** 0.6,
-            "scaling": (1 if n == 1 else 2) * (run + 6 * device), "recipe": 5 * (run + 5 * device),
-            "plain": 3 + 5 * (1 + 5 * 0.8 * device), "dp": 15, "tools": 90, "overlap": 10,
-            "fsdp_oom": START_S + 50, "bandwidth": 3 * (START_S + 5),
-            "parity": 14 * 6 + 25}[suite]  # not timed at c3cd817: the reference's single-worker DataLoader, guessed
+            "scaling": (1 if n == 1 else 2) * (run + 6 * device), "recipe": 5 * (run + 6 * device),
+            "plain": 3 + 5 * (1 + 6 * 0.8 * device), "dp": 15, "tools": 90, "overlap": 10,
+            "fsdp_oom": START_S + 50, "tp": 30, "bandwidth": 3 * (START_S + 5),
+            "parity": 170}[suite]  # the reference's single-worker DataLoader: 167 s on 2x H100 (d0e260e)
 
 
 def plan(suites, gpus: list[int], reference: str | None) -> list[dict]:
@@ -60,6 +60,10 @@ def plan(suites, gpus: list[int], reference: str | None) -> list[dict]:
             out.append({"name": f"worker-{n}", "kind": "worker", "gpus": n, "suites": here,
                         "visible": 2 if "dp" in here and pair else n,
                         "seconds": START_S + sum(estimate(s, n) for s in here)})
+    # Lesson 06 in a process of its own: run after the other suites in one process, its FSDP2 step crashed
+    # (SIGSEGV, torch 2.11, 2x H100); in a fresh process, as a learner runs it, it did not (d0e260e).
+    out += [{"name": f"tp-{n}", "kind": "worker", "gpus": n, "visible": n, "suites": ["tp"],
+             "seconds": START_S + estimate("tp", n)} for n in gpus if n > 1 and "tp" in suites]
     if "fsdp_oom" in suites and pair:
         out.append({"name": "fsdp_oom-2", "kind": "worker", "gpus": 2, "visible": 2, "suites": ["fsdp_oom"],
                     "capped": True, "seconds": estimate("fsdp_oom", 2)})

@@ -70,7 +70,8 @@ def speed(rows):
     x02 = lambda r: (f"{r['images_per_second'] / one['dataloader']['images_per_second']:.2f}x"  # noqa: E731
                      if "dataloader" in one and stamp(one["dataloader"]) == stamp(r) else "-")
     return ["## Speed", ""] + block(
-        "Throughput", "Training images per second of all GPUs together, in the fastest epoch (60,000 images); "
+        "Throughput", "Training images per second of all GPUs together, in the median epoch of 3 (60,000 images each; the "
+        "first also starts the DataLoader's workers); "
         "fp32 with TF32 matmuls.", rs,
         ["program", "GPUs", "data path", "batch per GPU", "s/epoch", "images/s", "peak MiB per GPU"],
         [[NAMES[r["program"]], r["gpus"], r["variant"], r["batch"], f"{min(r['epoch_seconds']):.3f}",
@@ -142,7 +143,8 @@ def time_to_99(rows):
     fmt = lambda t: "not reached" if t is None else f"{t:.2f} s"  # noqa: E731
     return ["## Time to 99%", ""] + block(
         "The ratio", f"Median over seeds of the training seconds until the test accuracy first reaches {ACCURACY:.0%} "
-        "(tested after every epoch, 5 epochs, data on the GPUs, AdamW + OneCycle), lesson 04 against the plain loop "
+        "(tested after every epoch, 6 epochs, data on the GPUs, AdamW + OneCycle; the plain loop draws lesson 04's "
+        "initial weights, data order and dropout masks), lesson 04 against the plain loop "
         f"on the same GPUs in the same run. Target: at most {TIME_RATIO:.2f}x, with lesson 04's mean final test "
         f"accuracy at least {FINAL_ACCURACY:.1%}.", used, ["GPUs", "GPU", "batch x lr per GPU", "seeds",
         "lesson 04 median", "plain loop median", "ratio", "lesson 04 mean final", "target"], body) + [""] + block(
@@ -213,4 +215,20 @@ def communication(rows):
           f"({r['accuracy'].index(max(r['accuracy'])) + 1})", f"{r['test_loss'][-1]:.4f}"] for r in par if r["accuracy"]])
 
 
-SECTIONS = (speed, scaling, time_to_99, fsdp_memory, tools, communication)
+def tensor_parallel(rows):
+    rs = sorted(of(rows, "tp"), key=lambda r: (r["gpus"], ["ddp", "fsdp2", "tp", "2d"].index(r["variant"])))
+    return ["## Tensor parallelism", ""] + block(
+        "DDP, FSDP2, TP and 2-D on lesson 06's model", "`06_tensor_parallel/tp_gpu_bench.py`: TPNet with the "
+        "parameter-heavy head, 64 images per data-parallel rank (TP's ranks share one batch), AdamW, data on the "
+        "GPUs; the mean of 20 steps after 5 warm-up steps. 2-D: TP in pairs, FSDP2 across them. Wire MB: "
+        "`06_tensor_parallel/comm_bytes.py`'s bytes per rank and step; predicted = wire bytes / the all_reduce bus "
+        "bandwidth measured in the same process; profiled = the NCCL kernels' time in 5 profiled steps, waiting "
+        "included (docs/communication.md).", rs,
+        ["GPUs", "strategy", "parameters", "s/step", "images/s", "peak MiB per GPU", "wire MB/step",
+         "predicted comm ms", "profiled comm ms"],
+        [[r["gpus"], r["variant"], f"{r['parameters'] / 1e6:,.1f} M", f"{r['s_per_step']:.4f}",
+          f"{r['images_per_s']:,.0f}", f"{r['peak_mib']:,.0f}", f"{r['wire_mb_per_step']:,.1f}",
+          f"{r['predicted_comm_ms']:.2f}", f"{r['profiled_comm_ms']:.2f}"] for r in rs])
+
+
+SECTIONS = (speed, scaling, time_to_99, fsdp_memory, tools, tensor_parallel, communication)

@@ -31,15 +31,24 @@ class EpochMeter:
     def __init__(self, device: torch.device | str = "cpu", loss_sum: float = 0.0, count: int = 0,
                  seconds: float = 0.0):
         self.device = torch.device(device)
-        self.loss_sum = torch.tensor(loss_sum, dtype=torch.float64, device=self.device)
+        self.resumed_loss_sum = loss_sum
+        # One tensor per batch, added up when asked: update() launches no GPU kernel. On a fast GPU the training
+        # step waits for the CPU, and every small kernel launched costs it 10 us or more.
+        self.loss_sums = []
         self.correct = torch.zeros((), dtype=torch.int64, device=self.device)
         self.count = count
         self.start = time.perf_counter() - seconds
         self.seconds = None  # set by stop_clock(); until then reduce() measures up to its own call
 
+    @property
+    def loss_sum(self) -> torch.Tensor:
+        """The sum so far, in float64 (exact enough for 60,000 per-example losses)."""
+        total = torch.tensor(self.resumed_loss_sum, dtype=torch.float64, device=self.device)
+        return total + torch.stack(self.loss_sums).double().sum() if self.loss_sums else total
+
     def update(self, loss_sum: torch.Tensor, correct: torch.Tensor | int, count: int) -> None:
         """loss_sum: the SUM of per-example losses of a batch (not the mean)."""
-        self.loss_sum += loss_sum.detach()
+        self.loss_sums.append(loss_sum.detach())
         if not isinstance(correct, int) or correct:  # training passes 0: skip a pointless GPU kernel
             self.correct += correct
         self.count += count
