@@ -1,7 +1,7 @@
 """Every benchmark of the course, one runner: measure on 1..N GPUs, then write docs/benchmarks.md, .json and plots.
 
     python benchmarks/bench.py --plan                         # the launches, their suites and estimated seconds
-    python benchmarks/bench.py --data-dir DIR --reference REF  # everything: under 9 min on 2 GPUs (more add rows)
+    python benchmarks/bench.py --data-dir DIR --reference REF  # everything: 7 min on 2 H100s (more GPUs add rows)
     python benchmarks/bench.py --suite recipe,plain --budget 300
     python benchmarks/bench.py --report-only --merge A.json B.json   # the page again, from rows measured elsewhere
     python benchmarks/bench.py --quick                         # CPU smoke mode (gloo, synthetic, tiny): the tests
@@ -42,9 +42,9 @@ def estimate(suite: str, n: int) -> float:
     return {"throughput": (2 * run + 3 * 3.2 + 3 * 0.31 if n == 1 else 0) + 2 * run + 3 * loader + 3 * device
             + run + 3 * 1.3 / n ** 0.6,
             "scaling": (1 if n == 1 else 2) * (run + 6 * device), "recipe": 5 * (run + 6 * device),
-            "plain": 3 + 5 * (1 + 6 * 0.8 * device), "dp": 15, "tools": 90, "overlap": 10,
-            "fsdp_oom": START_S + 50, "tp": 30, "bandwidth": 3 * (START_S + 5),
-            "parity": 170}[suite]  # the reference's single-worker DataLoader: 167 s on 2x H100 (d0e260e)
+            "plain": 3 + 5 * (1 + 6 * 0.8 * device), "dp": 15, "tools": 60, "overlap": 10,
+            "fsdp_oom": START_S + 35, "tp": 20, "bandwidth": 3 * 12,  # 868b4f0, 2x H100: 60, 42, 32, 33 s
+            "parity": 150}[suite]  # the reference's single-worker DataLoader: 117 s (868b4f0) to 167 s (d0e260e)
 
 
 def plan(suites, gpus: list[int], reference: str | None) -> list[dict]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks import plots, tables
+from benchmarks import memory, plots, tables
 
 KEY_FIELDS = ("suite", "program", "gpus", "variant", "seed", "tools", "width", "blocks", "hidden", "data", "quick")
 
@@ -44,6 +44,9 @@ def write(out: Path, rows: list[dict]) -> None:
              "starts. GPUs = processes, one GPU each, except lesson 03 (one process driving them all).", ""]
     for section in tables.SECTIONS:
         lines += section(rows) + [""]
+    cap = next((r.get("cap_gib") for r in rows if r["suite"] == "fsdp_oom" and r.get("cap_gib")), None)
+    at = lines.index("## Tools") if "## Tools" in lines else len(lines)
+    lines[at:at] = memory.section(out, cap)
     for name, caption in plots.write_all(out, rows):
         lines.insert(lines.index(f"## {caption}") + 2, f"![{name}]({name}.png)\n")
     (out / "benchmarks.md").write_text("\n".join(lines).rstrip() + "\n")
