@@ -46,7 +46,8 @@ def same_numbers(a, b):
 @pytest.mark.parametrize("lesson", ["04", "05"])
 def test_sigusr1_mid_epoch_stops_all_ranks_saves_and_resumes_exactly(lesson, small, tmp_path):
     """Then the resumed run is stopped again before its first step (with --clip-grad: it must not clip, unscale,
-    gradients it never made), and the last resume ends where the uninterrupted run did."""
+    gradients it never made), then at the epoch's end by a signal that came after its last check, and the last
+    resume ends where the uninterrupted run did."""
     whole, hit = tmp_path / "whole", tmp_path / "hit"
     args = [*small, *EXACT, "--epochs", 3]
     assert_clean(run_script(lesson, *args, "--output-dir", whole, nproc=2))  # the uninterrupted reference
@@ -61,6 +62,13 @@ def test_sigusr1_mid_epoch_stops_all_ranks_saves_and_resumes_exactly(lesson, sma
     assert_clean(proc)
     assert "resume: from" in proc.stdout and "stopped by SIGTERM at epoch 1 step 20, checkpoint saved" in proc.stdout
     assert [p.name for p in (hit / "checkpoints").iterdir()] == [saved]  # the same place, written again whole
+    # Rank 1 alone gets SIGUSR1 at step 23, after the epoch's last check (20): the vote at the epoch's end stops every
+    # rank there, before the test (on its own, rank 1 would have saved while rank 0 waited in the test's all_reduce).
+    proc = run_script(lesson, *args, "--output-dir", hit, "--resume", "auto", nproc=2,
+                      env={**INJECT, "FAIL_AT_STEP": "1:23:USR1", "DIST_TIMEOUT_SECONDS": "60"})
+    assert_clean(proc)
+    assert "stopped by SIGUSR1 at epoch 1 step 25, checkpoint saved" in proc.stdout, proc.stdout
+    assert newest(hit).name == saved.replace("s0000020", "s0000025")
     proc = run_script(lesson, *args, "--output-dir", hit, "--resume", "auto", nproc=2)
     assert_clean(proc)
     assert [e["epoch"] for e in metrics(hit)["epochs"]] == [1, 2, 3]  # every epoch exactly once
