@@ -10,7 +10,8 @@ is docs/communication.md's wire bytes (06_tensor_parallel/comm_bytes.py) / bus b
 measured here as lesson 01 does (all_reduce of 64 MiB, busbw = 2(n-1)/n x size / time). The profiled time
 sums the NCCL kernels' durations, which include the time a kernel waits for the other rank: an upper bound
 on the transfer time (DDP's kernels overlap backward, so they cost less than their sum). Peak memory: the most
-allocated during the timed steps, less what was allocated before the model was built (the data set). On CPU (gloo) it runs too, for checking.
+allocated during the timed steps, less what was allocated before the model was built (the data set). On CPU
+(gloo) it runs too, for checking (bench.py --quick).
 """
 import argparse
 import gc

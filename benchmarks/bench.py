@@ -9,9 +9,10 @@
 Suites: throughput (lessons 02/04/05 img/s), scaling (large batches), recipe (lesson 04, seeds 1-5, time to
 99%), plain (the plain loop, same seeds and GPUs), dp (lesson 03), tools (the FSDP2 tools, 2 GPUs), overlap
 (DDP's all_reduce against backward, 2 GPUs), fsdp_oom (DDP out of memory where FSDP2 trains, 2 capped GPUs, with a
-memory snapshot of each), tp (lesson 06: DDP, FSDP2, TP and on 4+ GPUs 2-D, 2+ GPUs), bandwidth (all_reduce per NCCL transport), parity (lesson 02 against --reference, a pytorch/examples
-mnist/main.py). One launch per GPU count runs that count's suites in-process (benchmarks/worker.py); rows are
-merged into OUT/benchmarks.json after every launch, keyed by measurement, so a killed run keeps what it measured.
+memory snapshot of each), tp (lesson 06: DDP, FSDP2, TP and on 4+ GPUs 2-D, 2+ GPUs), bandwidth (all_reduce per
+NCCL transport), parity (lesson 02 against --reference, a pytorch/examples mnist/main.py). One launch per GPU
+count runs that count's suites in-process (benchmarks/worker.py); rows are merged into OUT/benchmarks.json after
+every launch, keyed by measurement, so a killed run keeps what it measured.
 """
 from __future__ import annotations
 

@@ -149,7 +149,8 @@ def epochs(record: dict, batch: int, world: int) -> dict:
     e, images = record["epochs"], record["args"].get("train_samples") or 60_000
     seconds, accuracy = [x["epoch_seconds"] for x in e], [x["test_accuracy"] for x in e]
     return {"epoch_seconds": seconds, "accuracy": accuracy, **summary(seconds, accuracy),
-            "images_per_second": statistics.median(x["train_images_per_second"] for x in e), "warmup_s": record["warmup_seconds"],
+            "images_per_second": statistics.median(x["train_images_per_second"] for x in e),
+            "warmup_s": record["warmup_seconds"],
             "peak_bytes": record["peak_memory_bytes"], "steps_per_epoch": -(-images // world // batch),
             "train_loss": e[-1]["train_loss"]}
 
