@@ -189,9 +189,7 @@ def main(argv=None):
         for epoch in range(position.epoch, args.epochs + 1):
             train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
             train_stats = train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group, amp_dtype, scaler)
-            # A vote at every epoch's end too: a request that came after the epoch's last check may have reached
-            # some ranks only, and a rank that stopped alone would leave the others waiting in the next collective.
-            if stop_agreed(stop, stop_group):  # save where we are; --resume auto (or Slurm's requeue) continues
+            if stop_agreed(stop, stop_group):  # also a request after the epoch's last check: all ranks save here
                 save_checkpoint(checkpoints.path(position), model, optimizer, scheduler, scaler, position, history, checkpoints)
                 stop.report(position.epoch, position.step)
                 break
