@@ -107,21 +107,13 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     return total
 
 
-def stop_agreed(stop, group) -> bool:
-    """True on EVERY rank if a request reached ANY rank: all must stop at the same step, or some wait for ever."""
-    request = torch.tensor([stop.request])  # a CPU tensor on a gloo group: asking never waits for the GPU
-    dist.all_reduce(request, op=dist.ReduceOp.MAX, group=group)
-    stop.request = int(request)
-    return stop.request > 0
-
-
 def train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group, amp_dtype, scaler,
           counted):
     """One epoch, from position.step on. Leaves early, between two steps, when a stop was requested."""
     model.train()
     meter = position.meter(device)  # the epoch's training loss; a resumed epoch continues its own sums
     for i, (data, target) in enumerate(position.remaining(train_loader, args)):  # a resumed epoch skips its steps
-        if i % args.grad_accum == 0 and position.step % 10 == 0 and stop_agreed(stop, stop_group):  # every 10 steps
+        if i % args.grad_accum == 0 and position.step % 10 == 0 and stop.agreed(stop_group):  # every 10 steps
             break  # between two optimizer steps; the caller saves a checkpoint here
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
         sync_now = (i + 1) % args.grad_accum == 0  # the last micro-batch of an optimizer step
@@ -241,7 +233,7 @@ def main(argv=None):
                             timeout=init_timeout(), rank=env.rank, world_size=env.world_size,  # meet at MASTER_ADDR:PORT
                             store=restart_safe_store(env), device_id=device if device.type == "cuda" else None)
     rank, world_size = dist.get_rank(), dist.get_world_size()  # rank 0 of world_size does the writing
-    stop_group = dist.new_group(backend="gloo")  # a CPU side channel for stop_agreed, next to the GPUs' NCCL
+    stop_group = dist.new_group(backend="gloo")  # a CPU side channel for stop.agreed, next to the GPUs' NCCL
     log_all(f"host {socket.gethostname()} rank {rank}/{world_size} local_rank {env.local_rank} "
             f"device {device} backend {dist.get_backend()}")
     torch.manual_seed(args.seed)  # the same seed on every rank: identical initial weights
@@ -288,7 +280,7 @@ def main(argv=None):
             train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
             train_stats = train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group, amp_dtype, scaler,
                                 tp_rank == 0)
-            if stop_agreed(stop, stop_group):  # also a request after the epoch's last check: all ranks save here
+            if stop.agreed(stop_group, now=True):  # also a request after the epoch's last check: all ranks save here
                 save_checkpoint(checkpoints.path(position), model, optimizer, scheduler, scaler, position, history, checkpoints)
                 stop.report(position.epoch, position.step)
                 break

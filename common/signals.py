@@ -1,7 +1,7 @@
 """Requests to stop from outside the program: Slurm's SIGUSR1 / SIGTERM, and Ctrl-C (SIGINT) (docs/checkpoints.md).
 
 A handler only writes down that a request came; the lesson decides WHERE to stop (under DDP and FSDP every rank must
-leave at the same step: lessons 04 and 05 all_reduce the requests). A second Ctrl-C within CTRL_C_REPEAT_S seconds
+leave at the same step: lessons 04-06 all_reduce the requests, `agreed`). A second Ctrl-C within CTRL_C_REPEAT_S seconds
 counts as the same press; a later one stops at once (KeyboardInterrupt), without waiting for the checkpoint.
 """
 import os
@@ -9,6 +9,9 @@ import shutil
 import signal
 import subprocess
 import time
+
+import torch
+import torch.distributed as dist
 
 from common.distributed import is_main_process
 
@@ -23,7 +26,8 @@ class StopSignals:
 
     def __init__(self, *signals: int):
         self.signals = signals
-        self.request = 0  # the strongest request so far (REQUESTS); lessons 04/05 agree on it across ranks
+        self.request = 0  # the strongest request so far (REQUESTS); lessons 04-06 agree on it across ranks
+        self.vote = None  # agreed(): the vote in flight (an async all_reduce and its tensor)
         self._first_ctrl_c = None
         self._saved: dict = {}
 
@@ -43,6 +47,28 @@ class StopSignals:
                 raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the checkpoint
             self._first_ctrl_c = self._first_ctrl_c or now
         self.request = max(self.request, REQUESTS[signum])
+
+    def agreed(self, group, now: bool = False) -> bool:
+        """Lessons 04-06, every 10 steps: True on EVERY rank, at the same call, once a request reached ANY rank (all must
+        stop at the same step, or some wait for ever). The vote runs in the background (async_op=True) and is read at
+        the next call: no rank's CPU waits for the others', so no GPU runs dry meanwhile. now=True (an epoch's end)
+        also votes on the requests since the last call, and waits for the result. `group`: a gloo group."""
+        agreed = 0
+        if self.vote:  # the vote the previous call started: finished long ago
+            work, votes = self.vote
+            work.wait()
+            agreed, self.vote = int(votes), None
+        if not agreed:
+            votes = torch.tensor([self.request])  # a CPU tensor on a gloo group: voting never waits for the GPU
+            work = dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=group, async_op=True)
+            if now:
+                work.wait()
+                agreed = int(votes)
+            else:
+                self.vote = (work, votes)
+        if agreed:
+            self.request = agreed  # the strongest request of any rank, the same on every rank
+        return agreed > 0
 
     def report(self, epoch: int, step: int) -> None:
         """After the checkpoint: say what happened and how to go on; for SIGUSR1 ask Slurm to requeue the job."""

@@ -111,7 +111,7 @@ def no_traceback(lines):
 
 def test_ctrl_c_in_lesson_04_under_torchrun_stops_every_rank_at_one_step(small, tmp_path):
     """A learner pressed Ctrl-C during epoch 1 of `torchrun --nproc_per_node=2 mnist_ddpmodel.py`: both ranks agree
-    to stop at step 10 (the next check), ONE `stopped by` line, a checkpoint; torchrun then reports its own
+    to stop at step 20 (the vote of step 10, read at step 20), ONE `stopped by` line, a checkpoint; torchrun then reports its own
     SignalException and exits 1; the same command with --resume auto finishes the job."""
     args = [*small, "--train-samples", 1600, "--output-dir", tmp_path]  # 25 steps per rank and epoch
     job = Terminal(torchrun("04", *args), env={"PYTHONPATH": INJECT, "FAIL_AT_STEP": "0:3:WAIT"})
@@ -120,17 +120,17 @@ def test_ctrl_c_in_lesson_04_under_torchrun_stops_every_rank_at_one_step(small, 
     code = job.finish()
     assert code == 1, job.lines[-30:]
     said = [line for line in job.lines if line.startswith("stopped by")]
-    assert said == [f"stopped by Ctrl-C (SIGINT) at epoch 1 step 10, checkpoint saved: {CONTINUE}"], job.lines
+    assert said == [f"stopped by Ctrl-C (SIGINT) at epoch 1 step 20, checkpoint saved: {CONTINUE}"], job.lines
     assert not [line for line in job.lines if line.startswith(("error:", "interrupted", "rank 1: stopping"))]
     report = next(i for i, line in enumerate(job.lines) if line.startswith("Traceback"))
     assert job.lines.index(said[0]) < report
     found = torchrun_report_problems(job.lines, "torch.distributed.elastic.multiprocessing.api.SignalException")
     assert not found, "\n".join(found + job.lines[-40:])
     assert job.lines[-1].endswith("got signal: 2"), job.lines[-3:]
-    assert checkpoints(tmp_path) == ["ckpt-e0000-s0000010.pt"]
+    assert checkpoints(tmp_path) == ["ckpt-e0000-s0000020.pt"]
     resumed = run_script("04", *args, "--resume", "auto", nproc=2, timeout=DEADLINE_S)
     assert_clean(resumed)
-    assert "continuing at epoch 1 step 10" in resumed.stdout, resumed.stdout
+    assert "continuing at epoch 1 step 20" in resumed.stdout, resumed.stdout
     assert [e["epoch"] for e in metrics(tmp_path)["epochs"]] == [1, 2]
 
 

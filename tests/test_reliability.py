@@ -21,7 +21,7 @@ def small(synthetic_dir):
 
 # 1001 test images in batches of 500 on 2 ranks are shards of 501 and 500: 2 batches on one rank, 1 on the other.
 # 1600 training images on 2 ranks in batches of 32: 25 steps an epoch, so a stop can be agreed at step 20.
-# --clip-grad: a resumed epoch stopped before its first step must not clip (unscale) gradients it never made.
+# --clip-grad: an epoch resumed at its very end (no step left) must not clip (unscale) gradients it never made.
 EXACT = ["--train-samples", 1600, "--test-samples", 1001, "--test-batch-size", 500, "--clip-grad", 0.5]
 
 
@@ -45,29 +45,25 @@ def same_numbers(a, b):
 # tests/test_early_stopping.py, and after an elastic restart in the walk of its reference page.
 @pytest.mark.parametrize("lesson", ["04", "05"])
 def test_sigusr1_mid_epoch_stops_all_ranks_saves_and_resumes_exactly(lesson, small, tmp_path):
-    """Then the resumed run is stopped again before its first step (with --clip-grad: it must not clip, unscale,
-    gradients it never made), then at the epoch's end by a signal that came after its last check, and the last
-    resume ends where the uninterrupted run did."""
+    """Then the resumed run is stopped again, at the epoch's end, by a signal that came after its last check, and
+    the last resume ends where the uninterrupted run did."""
     whole, hit = tmp_path / "whole", tmp_path / "hit"
     args = [*small, *EXACT, "--epochs", 3]
     assert_clean(run_script(lesson, *args, "--output-dir", whole, nproc=2))  # the uninterrupted reference
     saved = f"ckpt-e0000-s0000020{'' if lesson == '05' else '.pt'}"  # lesson 05: a DCP folder
-    # Rank 1 alone gets SIGUSR1 at step 12 of epoch 1; all ranks agree at the next check (step 20) and stop.
-    proc = run_script(lesson, *args, "--output-dir", hit, nproc=2, env={**INJECT, "FAIL_AT_STEP": "1:12:USR1"})
+    # Rank 1 alone gets SIGUSR1 at step 5 of epoch 1; the vote of step 10 carries it, every rank reads it at the
+    # next check (step 20) and stops there.
+    proc = run_script(lesson, *args, "--output-dir", hit, nproc=2, env={**INJECT, "FAIL_AT_STEP": "1:5:USR1"})
     assert_clean(proc)
     assert "stopped by SIGUSR1 at epoch 1 step 20, checkpoint saved: not a Slurm job" in proc.stdout, proc.stdout
     assert [p.name for p in (hit / "checkpoints").iterdir()] == [saved]
+    # The resumed run: rank 1 alone gets SIGTERM at step 23, after the epoch's last check (20): the vote at the
+    # epoch's end stops every rank there, before the test (on its own, rank 1 would have saved while rank 0 waited
+    # in the test's all_reduce).
     proc = run_script(lesson, *args, "--output-dir", hit, "--resume", "auto", nproc=2,
-                      env={**INJECT, "FAIL_AT_STEP": "1:20:TERM"})
+                      env={**INJECT, "FAIL_AT_STEP": "1:23:TERM", "DIST_TIMEOUT_SECONDS": "60"})
     assert_clean(proc)
-    assert "resume: from" in proc.stdout and "stopped by SIGTERM at epoch 1 step 20, checkpoint saved" in proc.stdout
-    assert [p.name for p in (hit / "checkpoints").iterdir()] == [saved]  # the same place, written again whole
-    # Rank 1 alone gets SIGUSR1 at step 23, after the epoch's last check (20): the vote at the epoch's end stops every
-    # rank there, before the test (on its own, rank 1 would have saved while rank 0 waited in the test's all_reduce).
-    proc = run_script(lesson, *args, "--output-dir", hit, "--resume", "auto", nproc=2,
-                      env={**INJECT, "FAIL_AT_STEP": "1:23:USR1", "DIST_TIMEOUT_SECONDS": "60"})
-    assert_clean(proc)
-    assert "stopped by SIGUSR1 at epoch 1 step 25, checkpoint saved" in proc.stdout, proc.stdout
+    assert "resume: from" in proc.stdout and "stopped by SIGTERM at epoch 1 step 25, checkpoint saved" in proc.stdout
     assert newest(hit).name == saved.replace("s0000020", "s0000025")
     proc = run_script(lesson, *args, "--output-dir", hit, "--resume", "auto", nproc=2)
     assert_clean(proc)

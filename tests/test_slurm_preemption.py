@@ -118,9 +118,9 @@ def test_signal_checkpoints_requeues_and_resumes(slurm_cluster, synthetic_dir, t
     job_name = info["JobName"]
     out_dir = tmp_path / "runs" / f"{job_name}-{job_id}"
     story = [f"== job {job_id} ({job_name})", f"resume: starting fresh (no checkpoint in {out_dir}", waiting,
-             f"stopped by SIG{sig} at epoch 1 step 10, checkpoint saved: requeued Slurm job {job_id}",
+             f"stopped by SIG{sig} at epoch 1 step 16, checkpoint saved: requeued Slurm job {job_id}",
              f"== job {job_id} ({job_name}) on", "| restart 1",
-             f"resume: from {out_dir}/checkpoints/ckpt-e0000-s0000010", "continuing at epoch 1 step 10", "epoch 1 |"]
+             f"resume: from {out_dir}/checkpoints/ckpt-e0000-s0000016", "continuing at epoch 1 step 16", "epoch 1 |"]
     at = 0
     for piece in story:
         found = log.find(piece, at)
