@@ -74,7 +74,7 @@ def speed(rows):
         "first also starts the DataLoader's workers); "
         "fp32 with TF32 matmuls.", rs,
         ["program", "GPUs", "data path", "batch per GPU", "s/epoch", "images/s", "peak MiB per GPU"],
-        [[NAMES[r["program"]], r["gpus"], r["variant"], r["batch"], f"{min(r['epoch_seconds']):.3f}",
+        [[NAMES[r["program"]], r["gpus"], r["variant"], r["batch"], f"{r['median_epoch_s']:.3f}",
           f"{r['images_per_second']:,.0f}", mib(r.get("peak_bytes"))] for r in rs]) + [""] + block(
         "DataParallel", "Lesson 03: one process, 64 images per GPU, 100 steps. The path is what it printed; "
         "against lesson 02's DataLoader run (batch 64, one GPU).", dp,
