@@ -49,9 +49,9 @@ class StopSignals:
         self.request = max(self.request, REQUESTS[signum])
 
     def agreed(self, group, now: bool = False) -> bool:
-        """Lessons 04-06, every 10 steps: True on EVERY rank, at the same call, once a request reached ANY rank (all must
-        stop at the same step, or some wait for ever). The vote runs in the background (async_op=True) and is read at
-        the next call: no rank's CPU waits for the others', so no GPU runs dry meanwhile. now=True (an epoch's end)
+        """Lessons 04-06, every 10 steps: True on EVERY rank, at the same call, once a request reached ANY rank (all
+        must stop at the same step, or some wait for ever). The vote runs in the background (async_op=True) and is read
+        at the next call: no rank's CPU waits for the others', so no GPU runs dry meanwhile. now=True (an epoch's end)
         also votes on the requests since the last call, and waits for the result. `group`: a gloo group."""
         agreed = 0
         if self.vote:  # the vote the previous call started: finished long ago
