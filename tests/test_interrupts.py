@@ -111,8 +111,8 @@ def no_traceback(lines):
 
 def test_ctrl_c_in_lesson_04_under_torchrun_stops_every_rank_at_one_step(small, tmp_path):
     """A learner pressed Ctrl-C during epoch 1 of `torchrun --nproc_per_node=2 mnist_ddpmodel.py`: both ranks agree
-    to stop at step 20 (the vote of step 10, read at step 20), ONE `stopped by` line, a checkpoint; torchrun then reports its own
-    SignalException and exits 1; the same command with --resume auto finishes the job."""
+    to stop at step 20 (the vote of step 10, read at step 20), ONE `stopped by` line, a checkpoint; torchrun then
+    reports its own SignalException and exits 1; the same command with --resume auto finishes the job."""
     args = [*small, "--train-samples", 1600, "--output-dir", tmp_path]  # 25 steps per rank and epoch
     job = Terminal(torchrun("04", *args), env={"PYTHONPATH": INJECT, "FAIL_AT_STEP": "0:3:WAIT"})
     assert job.wait_for("inject: rank 0 waits") == "inject: rank 0 waits at epoch 1 step 3"
