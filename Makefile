@@ -72,8 +72,8 @@ demo: setup
 	@echo "metrics: runs/demo/metrics.json, curves: runs/demo/curves.png"
 
 # Every benchmark on real MNIST (BENCH_ARGS="--data-dir DIR --reference pytorch-examples/mnist/main.py"; default
-# ./data, no parity run), on 1, 2 (4, 8) GPUs: ~8 min on 2 GPUs (list: --plan, pick: --suite, cap: --budget),
-# writes docs/benchmarks.md, .json and plots. CPU smoke mode, no results: BENCH_ARGS=--quick
+# ./data, no parity run), on 1, 2 (4, 8) GPUs (how long: bench.py's docstring; list: --plan, pick: --suite, cap:
+# --budget), writes docs/benchmarks.md, .json and plots. CPU smoke mode, no results: BENCH_ARGS=--quick
 bench: setup
 	$(PY) benchmarks/bench.py $(BENCH_ARGS)
 

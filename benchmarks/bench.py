@@ -1,7 +1,7 @@
 """Every benchmark of the course, one runner: measure on 1..N GPUs, then write docs/benchmarks.md, .json and plots.
 
     python benchmarks/bench.py --plan                         # the launches, their suites and estimated seconds
-    python benchmarks/bench.py --data-dir DIR --reference REF  # everything: 9 min on 2 H100s (more GPUs add rows)
+    python benchmarks/bench.py --data-dir DIR --reference REF  # all: 8.7 min on 2 H100s at 4ea74ce (more GPUs add rows)
     python benchmarks/bench.py --suite recipe,plain --budget 300
     python benchmarks/bench.py --report-only --merge A.json B.json   # the page again, from rows measured elsewhere
     python benchmarks/bench.py --quick                         # CPU smoke mode (gloo, synthetic, tiny): the tests

@@ -1,6 +1,6 @@
 """The page's sections, one function each: rows in, markdown lines out. A suite without rows says so.
 
-Targets (issue 28): lesson 04's step at most 1.10x the plain loop's (1 and 2 GPUs, the same run); time to 99% as
+Targets: lesson 04's step at most 1.10x the plain loop's (1 and 2 GPUs, the same run); time to 99% as
 a ratio: over seeds 1-5, the course's median time to 99% at most 1.10x the plain loop's on the same GPUs in the
 same run, with the course's mean final test accuracy at least 99.1%.
 """

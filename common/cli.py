@@ -51,7 +51,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def base_parser(lesson: str, description: str) -> Parser:
-    """Flags shared by lessons 02-05; each lesson adds its own after this."""
+    """Flags shared by lessons 02-06; each lesson adds its own after this."""
     p = Parser(description=description)
     p.add_argument("--config", metavar="FILE", help="YAML or TOML file of flag values; command-line flags win "
                    "(e.g. a run's own runs/X/config.yaml) (default: none)")

@@ -18,9 +18,9 @@ class Block(nn.Module):
 class Net(nn.Module):
     """features (conv 1->32 -> conv 32->64 -> max-pool -> dropout) -> fc1 9216->128 -> dropout -> fc2 128->10.
 
-    ``width`` multiplies the channels and the hidden size: parameters AND activations grow ~width**2. ``blocks``
-    adds Block(hidden) after fc1: PARAMETERS grow by hidden**2 per block, activations barely. ``batch_norm`` adds
-    BatchNorm after each conv (lesson 04's --sync-bn).
+    ``width`` multiplies the channels and the hidden size: parameters grow ~width**2, ACTIVATIONS ~width.
+    ``blocks`` adds Block(hidden) after fc1: PARAMETERS grow by hidden**2 per block, activations barely.
+    ``batch_norm`` adds BatchNorm after each conv (lesson 04's --sync-bn).
     """
 
     def __init__(self, width: int = 1, blocks: int = 0, hidden: int | None = None, batch_norm: bool = False):

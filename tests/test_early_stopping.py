@@ -1,4 +1,4 @@
-"""Validation, early stopping and the best model (issue 20), for real under torchrun with 2 ranks.
+"""Validation, early stopping and the best model, for real under torchrun with 2 ranks.
 
 The validation set is held out of the training images by --seed, the same on every rank; its
 accuracy is summed over ranks, so every rank takes the same stop decision without a broadcast.

@@ -1,4 +1,4 @@
-"""Lesson 05 as FSDP2 is practised (issue 12), for real on CPU with gloo:
+"""Lesson 05 as FSDP2 is practised, for real on CPU with gloo:
 meta-device initialisation, --init-from a full checkpoint, --grad-accum, --clip-grad, --amp. HSDP on a (2, 2) mesh
 and its checkpoint loaded on 3 ranks are walked in 05_multigpu_fsdp_training/reference.md (and run on the Slurm test
 cluster, tests/test_slurm_hsdp.py); a 2-rank checkpoint loaded on 3, weights compared, in tests/test_exercises_05.py."""

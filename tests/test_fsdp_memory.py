@@ -1,4 +1,4 @@
-"""05_multigpu_fsdp_training/fsdp_memory.py (lesson 05's model with the FSDP2 tools) on CPU with gloo (issue 17).
+"""05_multigpu_fsdp_training/fsdp_memory.py (lesson 05's model with the FSDP2 tools) on CPU with gloo.
 
 ONE launch of `fsdp_memory.py --sweep` per N = 1, 2, 3 (torchrun, the module fixture) measures several configs each
 (--blocks 0 and 4, --hidden 256, 2 steps): every rank prints its own row, which the byte counts below are read from.

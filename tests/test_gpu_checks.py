@@ -1,4 +1,4 @@
-"""GPU problems, checked on a CPU machine (issue 30): check_env.py's NOT READY lines, the lessons' refusal to train
+"""GPU problems, checked on a CPU machine: check_env.py's NOT READY lines, the lessons' refusal to train
 on the CPU in a Slurm GPU job, and --amp's choice between bfloat16 and float16 with gradient scaling.
 
 Each GPU situation is simulated: torch's CUDA queries are patched in this process (monkeypatch), and nvidia-smi is
@@ -212,7 +212,7 @@ def test_pick_device_refuses_the_cpu_in_a_gpu_job(monkeypatch, tmp_path):
 
 @needs_no_gpu
 def test_a_real_lesson_in_a_gpu_job_stops_before_training(tmp_path):
-    """What issue 30 found: lesson 02 in a job with SLURM_GPUS_ON_NODE=1 trained on the CPU, silently."""
+    """The bug this guards against: lesson 02 in a job with SLURM_GPUS_ON_NODE=1 trained on the CPU, silently."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(SLURM_JOB_ID="1", SLURM_GPUS_ON_NODE="1", CUDA_VISIBLE_DEVICES="0", OMP_NUM_THREADS="1",
                PATH=f"{tmp_path / 'bin'}:{os.path.dirname(sys.executable)}:/usr/bin:/bin")

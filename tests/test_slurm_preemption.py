@@ -1,4 +1,4 @@
-"""Preemption and requeue on the real two-node test cluster (issue 5), with the lesson 04 scripts UNCHANGED.
+"""Preemption and requeue on the real two-node test cluster, with the lesson 04 scripts UNCHANGED.
 
 A job trains 3 epochs. At step 5 of epoch 1, rank 0 reports it in the log and waits (the test's fault
 injection, PYTHONPATH=tests/inject FAIL_AT_STEP=0:5:WAIT); on that line the test sends what Slurm sends

@@ -1,4 +1,4 @@
-"""Lesson 06 (issue 29), for real on CPU with gloo: tensor parallelism on 2 ranks and a 2 x 2 mesh against a plain
+"""Lesson 06, for real on CPU with gloo: tensor parallelism on 2 ranks and a 2 x 2 mesh against a plain
 TPNet, each rank's pieces, the sampler by data-parallel rank, the collectives per step that the README derives,
 a checkpoint of a 2 x 2 run read back on 1 x 2 and 4 x 1, and one run of the script on real flags.
 

@@ -18,6 +18,8 @@ lines (this walk is part of it), and `diff` lines, which get `|| true` (differin
 (or print that error and handle it itself: `cmd || echo "exit code $?"`).
 Every shown line that starts with a word the scripts print (CHECKED) must equal a printed line, once times,
 rates, hosts, ports, pids and temporary paths are masked (MASKS); `...` inside a line stands for elided text.
+Numbers that depend on the order of floating-point sums (losses, accuracies and their correct counts) need only
+be within TOLERANCE of the shown ones: the course's convention, stated once in README.md ("Your digits").
 A block that prints more such lines than it shows must show a `...` line.
 """
 from __future__ import annotations
@@ -58,6 +60,15 @@ MASKS = [  # what differs between two runs of the same command; order matters (r
     (re.compile(r"(?i)(?<![a-z])(master_port|port|pid)([ =:]+)\d+"), r"\1\2<n>"),
     (re.compile(r"(?<=:)\d{4,5}\b"), "<port>"),
 ]
+
+
+# How far a learner's number may be from the page's: the CPU's instruction set (AVX2, AVX-512, ARM), the thread
+# count and cuDNN change the order of floating-point sums, and training amplifies the last digits. Everything else
+# (counts of images, steps and test images, sizes, names) must be exact.
+TOLERANCE = {"accuracy": 0.02,  # absolute: 2 points of accuracy; the correct count within 2% of the test images
+             "loss": 0.10,      # relative: 10% of the page's loss,
+             "loss_abs": 0.01}  # or 0.01 where that is more (a small loss moves by more than 10% of itself)
+VARIES = re.compile(r"(?<=accuracy )\d+\.\d+|(?<=loss )\d+\.\d+|(?<=\()\d+(?=/\d+\))")
 
 
 @dataclass
@@ -128,11 +139,11 @@ def compare(shown: str, printed: str) -> list[str]:
             continue
         shown_checked += 1
         want = mask(line)
-        pattern = _pattern(want)
-        match = next((i for i, real in enumerate(available) if pattern.fullmatch(real)), None)
+        pattern, kinds = _pattern(want, tolerant=True)
+        match = next((i for i, real in enumerate(available) if _within(pattern.fullmatch(real), want, kinds)), None)
         if match is None:
             close = difflib.get_close_matches(want, available, n=1, cutoff=0)
-            problems.append(f"shows      {line.rstrip()}\n  printed no such line" +
+            problems.append(f"shows      {line.rstrip()}\n  printed no such line (within TOLERANCE)" +
                             (f"; the closest (masked) is\n             {close[0]}" if close else ""))
         else:
             available.pop(match)
@@ -142,9 +153,35 @@ def compare(shown: str, printed: str) -> list[str]:
     return problems
 
 
-def _pattern(masked: str) -> re.Pattern:
-    """A masked shown line as a pattern: literal, but `...` stands for any text."""
-    return re.compile(".*".join(map(re.escape, masked.split("..."))))
+def _pattern(masked: str, tolerant: bool = False):
+    """A masked shown line as a pattern: literal, but `...` stands for any text. tolerant: each number that VARIES
+    is a group, and the pattern comes with those numbers' kinds (accuracy, loss, or the test set's size of a count)."""
+    if not tolerant:
+        return re.compile(".*".join(map(re.escape, masked.split("..."))))
+    parts, kinds, at = [], [], 0
+    for number in VARIES.finditer(masked):
+        parts.append(".*".join(map(re.escape, masked[at:number.start()].split("..."))))
+        parts.append(r"(\d+(?:\.\d+)?)")
+        before = masked[:number.start()]
+        kinds.append("loss" if before.endswith("loss ") else "accuracy" if before.endswith("accuracy ") else
+                     int(re.match(r"/(\d+)", masked[number.end():]).group(1)))
+        at = number.end()
+    parts.append(".*".join(map(re.escape, masked[at:].split("..."))))
+    return re.compile("".join(parts)), kinds
+
+
+def _within(match: re.Match | None, want: str, kinds: list) -> bool:
+    """Whether each varying number of a printed line is within TOLERANCE of the shown one."""
+    if match is None:
+        return False
+    shown = [float(m.group()) for m in VARIES.finditer(want)]
+    for kind, page, printed in zip(kinds, shown, map(float, match.groups())):
+        limit = (max(TOLERANCE["loss"] * page, TOLERANCE["loss_abs"]) if kind == "loss" else
+                 TOLERANCE["accuracy"] if kind == "accuracy" else
+                 TOLERANCE["accuracy"] * kind)  # a correct count out of `kind` test images
+        if abs(printed - page) > limit + 1e-9:
+            return False
+    return True
 
 
 def find_mnist(course: Path = ROOT) -> Path | None:
@@ -172,7 +209,7 @@ def copy_course(course: Path, dest: Path) -> Path:
     return dest
 
 
-def prepare(course: Path, dest: Path, mnist: Path | None) -> dict:
+def prepare(course: Path, dest: Path, mnist: Path | None, extra_env: dict | None = None) -> dict:
     """A fresh copy of the course at dest, and the environment its blocks run in."""
     copy_course(course, dest)
     if mnist:
@@ -187,6 +224,7 @@ def prepare(course: Path, dest: Path, mnist: Path | None) -> dict:
            if k not in ("OMP_NUM_THREADS", "WORKSHOP_DATA_DIR", "MNIST_MIRROR", "NOTEBOOK_OUTPUT_DIR", "PYTHONHOME")}
     env.update(PATH=f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(VENV),
                PYTHONPATH=str(dest), PYTHONUNBUFFERED="1", OMP_WAIT_POLICY="PASSIVE")
+    env.update(extra_env or {})
     return env
 
 
@@ -249,11 +287,11 @@ def check(block: Block, code: int, out: str) -> list[str]:
 
 
 def walk_page(page: Path, course: Path = ROOT, workdir: Path | None = None, mnist: Path | None = None,
-              timeout: float = BLOCK_TIMEOUT_S, report=None) -> list[Outcome]:
+              timeout: float = BLOCK_TIMEOUT_S, report=None, extra_env: dict | None = None) -> list[Outcome]:
     """Run every block of `page` (a path inside `course`) in a fresh copy of the course under `workdir`."""
     with tempfile.TemporaryDirectory(prefix="walk-", dir=workdir) as tmp:
         copy = Path(tmp) / "course"
-        env = prepare(course, copy, mnist)
+        env = prepare(course, copy, mnist, extra_env)
         outcomes, skipped_at = [], None
         for block in blocks((copy / page.relative_to(course)).read_text()):
             commands = as_run(block.commands)
@@ -297,6 +335,8 @@ def main(argv=None) -> int:
     parser.add_argument("pages", nargs="*", help="pages, relative to the course folder (default: every page)")
     parser.add_argument("--print", action="store_true", help="print each block and its real output, to paste")
     parser.add_argument("--timeout", type=float, default=BLOCK_TIMEOUT_S, help="seconds a block may take")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="set in every block's environment, e.g. OMP_NUM_THREADS=1 (repeatable)")
     args = parser.parse_args(argv)
     mnist = find_mnist()
     print(f"real MNIST: {mnist or 'not found (set MNIST_DIR): its blocks are skipped'}")
@@ -309,7 +349,8 @@ def main(argv=None) -> int:
                 print(f"--- {page}:{outcome.block.line}\n$ {outcome.block.commands.rstrip()}\n{outcome.output.rstrip()}")
             print(describe(page, outcome), flush=True)
 
-        outcomes = walk_page((ROOT / page).resolve(), ROOT, mnist=mnist, timeout=args.timeout, report=report)
+        outcomes = walk_page((ROOT / page).resolve(), ROOT, mnist=mnist, timeout=args.timeout, report=report,
+                             extra_env=dict(item.split("=", 1) for item in args.env))
         counts = {s: sum(o.status == s for o in outcomes) for s in ("ok", "failed", "skipped", "left out")}
         failed += counts["failed"]
         print(f"== {page}: " + ", ".join(f"{n} {s}" for s, n in counts.items()) +
