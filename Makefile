@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test coverage test-floor test-slurm demo bench clean
+.PHONY: setup test test-slow coverage test-floor test-slurm demo bench clean
 
 setup: $(STAMP)
 
@@ -24,8 +24,14 @@ $(STAMP): pyproject.toml
 # Two pytest workers (tests/conftest.py says how the tests are shared out); TEST_WORKERS=0 runs them in one process.
 # --durations=10: the ten slowest tests, printed at the end of every run, so a slow new test shows at once.
 TEST_WORKERS ?= 2
+# The slowest checks, which `make test` leaves to `make test-slow` (CI runs both, README.md says so): the real
+# two-node Slurm cluster (where the machine can host it: root), the failure lab and the benchmark runner's CPU mode.
+SLOW_TESTS := $(wildcard tests/test_slurm_*.py) tests/test_troubleshooting.py tests/test_bench.py
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=10 tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=10 tests $(addprefix --ignore=,$(SLOW_TESTS))
+
+test-slow: setup
+	$(PY) -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=10 $(SLOW_TESTS)
 
 # `make test` under coverage.py, subprocesses included (.coveragerc): line and branch coverage per file,
 # in the terminal and in build/coverage/html/index.html. The report is printed even when a test fails.

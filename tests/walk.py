@@ -43,8 +43,8 @@ RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-
 BLOCK_TIMEOUT_S = 300  # a block should take ~15 s on a 2-core laptop; this only stops a hang
 
 LEFT_OUT = re.compile(r"^#.*\b(GPUs?|Slurm|cluster|internet)\b", re.IGNORECASE)
-# Commands that read real MNIST: a lesson's training script, predict.py, the download, `make demo`.
-READS_MNIST = re.compile(r"(\bmnist_\w+\.py|\bpredict\.py|\bdownload_mnist\.py|\bmake\s+demo)\b")
+# Commands that read real MNIST: a lesson's training script, predict.py, the download, `make demo`, lesson 08's port.
+READS_MNIST = re.compile(r"(\bmnist_\w+\.py|\bpredict\.py|\bdownload_mnist\.py|\bmake\s+demo|\bport/train\w*\.py)\b")
 SYNTHETIC = re.compile(r"--data[ =]synthetic\b|--synthetic\b")
 CHECKED = ("epoch ", "resume:", "lesson 0", "error:", "OK:", "preempted:", "target accuracy", "nothing to train",
            "[rank ", "rank ", "verdict", "interrupted", "early stopping", "best epoch", "stopped by", "profile:",
@@ -67,7 +67,7 @@ MASKS = [  # what differs between two runs of the same command; order matters (r
 # (counts of images, steps and test images, sizes, names) must be exact.
 TOLERANCE = {"accuracy": 0.02,  # absolute: 2 points of accuracy; the correct count within 2% of the test images
              "loss": 0.10,      # relative: 10% of the page's loss,
-             "loss_abs": 0.01}  # or 0.01 where that is more (a small loss moves by more than 10% of itself)
+             "loss_abs": 0.02}  # or 0.02 where that is more (a small loss moves by more than 10% of itself)
 VARIES = re.compile(r"(?<=accuracy )\d+\.\d+|(?<=loss )\d+\.\d+|(?<=\()\d+(?=/\d+\))")
 
 

@@ -1,0 +1,166 @@
+"""Lesson 08's Hugging Face Llama that draws digits (08_your_model/digits_lm.py), for real on CPU with gloo: trained
+on 2 ranks, its DCP checkpoint resumed on 1, its export reloaded by from_pretrained in a fresh process, the model
+built on the meta device and initialised as one process would. Nothing reaches the Hugging Face Hub."""
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.launcher import launch
+from lessons import assert_clean, metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "08_your_model" / "digits_lm.py"
+OFFLINE = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+TRAIN, TEST = 192, 51  # 51 test images in batches of 25: 2 on rank 0 (26 images), 1 and an empty forward on rank 1
+
+
+def run(*args, nproc: int | None = 2, timeout: int = 180):
+    launcher = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+                                   if nproc else [])
+    return subprocess.run(launcher + [str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **OFFLINE}, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def small(synthetic_dir):
+    return ["--data", "synthetic", "--data-dir", synthetic_dir, "--train-samples", TRAIN, "--test-samples", TEST,
+            "--batch-size", 16, "--test-batch-size", 25]
+
+
+@pytest.fixture(scope="module")
+def trained(small, tmp_path_factory):
+    """2 ranks, float32, 2 epochs, exported and drawn."""
+    out = tmp_path_factory.mktemp("digits_lm")
+    proc = run(*small, "--dtype", "float32", "--epochs", 2, "--lr", 0.01, "--output-dir", out / "run",
+               "--export", out / "hf", "--draw")
+    assert_clean(proc)
+    return proc, out
+
+
+def test_two_ranks_learn_and_count_every_test_pixel_once(trained):
+    proc, out = trained
+    rows = metrics(out / "run")["epochs"]
+    assert [r["epoch"] for r in rows] == [1, 2], proc.stdout
+    assert rows[1]["train_loss"] < rows[0]["train_loss"] and rows[1]["test_loss"] < rows[0]["test_loss"], rows
+    assert rows[0]["train_loss"] < 2.8, rows  # below log(16) = 2.77 per pixel: it learns in the first epoch
+    assert all(r["test_samples"] == TEST * 196 for r in rows), rows  # all_reduce of sums: exact over ranks
+    assert f"/{TEST * 196}) |" in proc.stdout
+    checkpoint = out / "run" / "checkpoints" / "ckpt-e0002-s0000000"
+    assert sorted(p.name for p in checkpoint.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert (out / "run" / "digits.png").stat().st_size > 1000
+
+
+def test_two_rank_checkpoint_resumes_on_one_rank(trained, small):
+    _, out = trained
+    checkpoint = out / "run" / "checkpoints" / "ckpt-e0002-s0000000"
+    proc = run(*small, "--dtype", "float32", "--epochs", 3, "--lr", 0.01, "--resume", checkpoint,
+               "--output-dir", out / "on-1-rank", nproc=1)
+    assert_clean(proc)
+    assert f"resume: from {checkpoint}, continuing at epoch 3 step 0" in proc.stdout
+    before, after = metrics(out / "run")["epochs"], metrics(out / "on-1-rank")["epochs"]
+    assert [r["epoch"] for r in after] == [1, 2, 3] and after[:2] == before, proc.stdout  # its history travels
+    assert after[2]["test_samples"] == TEST * 196 and after[2]["test_loss"] < before[0]["test_loss"], after
+
+
+def test_one_rank_loads_exactly_the_two_ranks_weights(trained, small):
+    """Nothing left to train (--epochs 2): the 1-rank run only loads, reshards and exports, the 2-rank run's model."""
+    from safetensors.torch import load_file
+    _, out = trained
+    proc = run(*small, "--dtype", "float32", "--epochs", 2, "--resume", out / "run" / "checkpoints" /
+               "ckpt-e0002-s0000000", "--output-dir", out / "load-1", "--export", out / "hf-1", nproc=1)
+    assert_clean(proc)
+    assert "nothing to train" in proc.stdout and "epoch 3 |" not in proc.stdout
+    one, two = load_file(out / "hf-1" / "model.safetensors"), load_file(out / "hf" / "model.safetensors")
+    assert one.keys() == two.keys() and all(one[k].equal(two[k]) for k in two)
+
+
+RELOAD = """
+import sys, torch
+from safetensors import safe_open
+from transformers import LlamaForCausalLM
+export, check = sys.argv[1], torch.load(sys.argv[2], weights_only=True)
+model = LlamaForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+assert not torch.distributed.is_initialized()
+assert model.lm_head.weight is model.model.embed_tokens.weight  # tied again by from_pretrained
+with safe_open(f"{export}/model.safetensors", "pt") as f:
+    print("stored", sorted(f.keys()))
+with torch.no_grad():
+    logits = model(input_ids=check["input_ids"]).logits
+print("dtype", check["dtype"], "max_difference", (logits - check["logits"]).abs().max().item())
+"""
+
+
+def test_export_reloads_in_a_fresh_process_with_the_same_logits(trained):
+    """from_pretrained in a plain python (no process group, offline) gives the sharded model's float32 logits."""
+    _, out = trained
+    proc = subprocess.run([sys.executable, "-c", RELOAD, str(out / "hf"), str(out / "run" / "export_check.pt")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **OFFLINE}, cwd=ROOT)
+    assert_clean(proc)
+    assert "'lm_head.weight'" not in proc.stdout and "'model.embed_tokens.weight'" in proc.stdout  # stored once
+    words = proc.stdout.split()
+    assert words[words.index("dtype") + 1] == "float32"
+    assert float(words[words.index("max_difference") + 1]) < 1e-5, proc.stdout
+
+
+def test_bfloat16_runs(small, tmp_path):
+    proc = run(*small, "--dtype", "bfloat16", "--epochs", 1, "--max-steps", 3, "--output-dir", tmp_path)
+    assert_clean(proc)
+    assert "bfloat16 compute" in proc.stdout and "epoch 1 | train_loss" in proc.stdout
+
+
+@pytest.mark.parametrize("content", [None, "{not json"])
+def test_a_bad_model_config_is_one_line(tmp_path, content):
+    config = tmp_path / "config.json"
+    if content is not None:
+        config.write_text(content)
+    proc = run("--model-config", config, "--output-dir", tmp_path / "run", nproc=None)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith(f"error: --model-config {config}")
+
+
+def meta_and_init_worker():
+    """Rank r of 2: the script's build_model leaves every parameter a meta DTensor, sharded; after to_empty and
+    init_weights, the gathered model equals one process's `to_empty` + `torch.manual_seed(1)` + `init_weights()`."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import LlamaForCausalLM
+
+    spec = importlib.util.spec_from_file_location("digits_lm", SCRIPT)
+    lm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lm)
+    dist.init_process_group("gloo")
+    config = lm.read_config(ROOT / "08_your_model" / "configs" / "digits_lm.json")
+    model = lm.build_model(config, init_device_mesh("cpu", (2,)), torch.float32)
+    params = list(model.parameters())
+    on_meta = all(p.is_meta and p.to_local().is_meta for p in params)
+    local = sum(p.to_local().numel() for p in params)
+    model.to_empty(device="cpu")
+    lm.init_weights(model, config, seed=1)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    with torch.device("meta"):
+        plain = LlamaForCausalLM(config)
+    plain.to_empty(device="cpu")
+    torch.manual_seed(1)
+    plain.init_weights()
+    expected = plain.state_dict()
+    weight = full["model.layers.0.mlp.up_proj.weight"]
+    return {"on_meta": on_meta, "local": local, "total": sum(p.numel() for p in params),
+            "keys": sorted(full) == sorted(expected), "tied": model.lm_head.weight is model.model.embed_tokens.weight,
+            "difference": max((full[k] - expected[k]).abs().max().item() for k in expected),
+            "std": weight.std().item(), "halves_differ": not torch.equal(weight[:128], weight[128:]),
+            "rotary": torch.equal(model.model.rotary_emb.inv_freq, plain.model.rotary_emb.inv_freq)}
+
+
+def test_built_on_meta_and_initialised_as_one_process_would():
+    results = launch(meta_and_init_worker, nprocs=2, timeout_s=120)
+    for r in results:
+        assert r["on_meta"] and r["keys"] and r["tied"] and r["rotary"], r
+        assert r["difference"] == 0.0, r  # bit for bit: the same model on any number of ranks
+        assert r["std"] == pytest.approx(0.02, rel=0.1) and r["halves_differ"], r  # not garbage, not repeated
+    assert results[0]["local"] + results[1]["local"] == results[0]["total"], results  # each rank holds its half
