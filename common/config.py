@@ -16,10 +16,8 @@ def _read_config(path: str) -> dict:
         raise CourseError(f"--config {path}: {exc.strerror}: check the path") from None
     try:
         if path.endswith(".toml"):
-            try:
-                import tomllib
-            except ImportError:  # Python 3.10
-                raise CourseError(f"--config {path}: TOML needs Python 3.11 or newer: write it as YAML") from None
+            import tomllib
+
             values = tomllib.loads(text)
         else:
             import yaml
