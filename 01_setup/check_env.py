@@ -21,6 +21,7 @@ import torchvision
 
 from common.cli import Parser
 from common.exits import run
+from common.files import work_in_course_folder
 from common.gpus import LAST_LEGACY, LEGACY_INDEX, has_native_bf16, nvidia_smi, pip_line, slurm_gpus, why_no_gpu
 
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE",
@@ -79,6 +80,7 @@ def gpu_problems(device: str) -> tuple[list[str], list[str]]:
 
 
 def main(argv=None) -> int:
+    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     parser = Parser(description="Is this environment ready for the course? Versions, devices, and a verdict")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="cpu: the lessons will run on the CPU here, GPUs or not; cuda: a GPU is required "

@@ -14,9 +14,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folde
 from common.cli import Parser
 from common.download import dataset_root, default_data_dir, prepare_data, raw_folder
 from common.exits import run
+from common.files import work_in_course_folder
 
 
 def main(argv=None):
+    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     parser = Parser(description="Download MNIST (or write the synthetic set) into --data-dir")
     parser.add_argument("--data-dir", default=default_data_dir(),
                         help="where MNIST/raw goes (default: $WORKSHOP_DATA_DIR or ./data)")

@@ -18,10 +18,12 @@ import torch.distributed as dist
 from common.cli import Parser
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
 from common.exits import run
+from common.files import work_in_course_folder
 from common.log import write_line
 
 
 def main(argv=None):
+    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     parser = Parser(description="Check all_reduce, broadcast, all_gather and barrier on every rank")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: cuda:LOCAL_RANK if there are GPUs, else the CPU; cpu: the CPU even in a GPU job")

@@ -25,7 +25,7 @@ from common.data import load_mnist
 from common.distributed import pick_device
 from common.early_stopping import should_stop
 from common.exits import run
-from common.files import atomic_save
+from common.files import atomic_save, work_in_course_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
 from common.log import log0
@@ -62,7 +62,7 @@ def train(args, model, device, train_loader, optimizer, scheduler, position, sto
             optimizer.zero_grad(set_to_none=True)
             position.step += 1
         meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so the epoch's mean is exact
-    return meter.reduce()
+    return meter.all_reduce()
 
 
 @torch.no_grad()
@@ -75,7 +75,7 @@ def test(args, model, device, test_loader, amp_dtype):
             output = model(data)
         loss_sum = F.nll_loss(output.float(), target, reduction="sum")
         meter.update(loss_sum, (output.argmax(dim=1) == target).sum(), len(data))
-    return meter.reduce()
+    return meter.all_reduce()
 
 
 @contextmanager
@@ -131,6 +131,7 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, position, history
 
 
 def main(argv=None):
+    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     parser = base_parser(LESSON, "Lesson 02: MNIST on one GPU (or the CPU)")
     parser.add_argument("--profile", action="store_true",
                         help="profile 30 training steps with torch.profiler and print where the time goes")

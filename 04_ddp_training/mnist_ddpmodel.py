@@ -28,13 +28,13 @@ from common.data import load_mnist
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
 from common.early_stopping import should_stop
 from common.errors import CourseError
-from common.exits import on_out_of_memory, run
-from common.files import atomic_save
+from common.exits import out_of_memory_advice, run
+from common.files import atomic_save, work_in_course_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
 from common.log import log0, log_all
 from common.metrics import EpochMeter
-from common.model import Net, count_parameters, model_flags
+from common.model import Net, model_flags
 from common.optim import make_optimizer, make_scheduler
 from common.position import Position, steps_per_epoch
 from common.samplers import EvalSampler
@@ -49,6 +49,7 @@ def train(args, model, device, train_loader, optimizer, scheduler, position, sto
     model.train()
     meter = position.meter(device)  # the epoch's training loss; a resumed epoch continues its own sums
     for i, (data, target) in enumerate(position.remaining(train_loader, args)):  # a resumed epoch skips its steps
+        # a collective (all_reduce): every rank calls it
         if i % args.grad_accum == 0 and position.step % 10 == 0 and stop.agreed(stop_group):  # every 10 steps
             break  # between two optimizer steps; the caller saves a checkpoint here
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
@@ -68,7 +69,7 @@ def train(args, model, device, train_loader, optimizer, scheduler, position, sto
             optimizer.zero_grad(set_to_none=True)
             position.step += 1
         meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so the epoch's mean is exact
-    return meter.reduce()
+    return meter.all_reduce()
 
 
 @torch.no_grad()
@@ -81,7 +82,7 @@ def test(args, model, device, test_loader, amp_dtype):
             output = model(data)
         loss_sum = F.nll_loss(output.float(), target, reduction="sum")
         meter.update(loss_sum, (output.argmax(dim=1) == target).sum(), len(data))
-    return meter.reduce()
+    return meter.all_reduce()
 
 
 def make_loader(args, dataset, batch_size, sampler, device):
@@ -96,7 +97,8 @@ def checkpoint_state(model, optimizer, scheduler, scaler, position, history, che
     net = model.module if isinstance(model, DDP) else model  # .module: the plain Net inside DDP
     return {"model": net.state_dict(),
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-            "position": position.state_dict(), "history": history.state_dict(), "run": checkpoints.run}
+            "position": position.state_dict(),  # a collective (all_gather_object): every rank's random state
+            "history": history.state_dict(), "run": checkpoints.run}
 
 
 def save_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints):
@@ -119,7 +121,10 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, position, history
     history.load_state_dict(checkpoint["history"], position.epoch)
 
 
+@out_of_memory_advice("under DDP every GPU holds the whole model, its gradients and AdamW state (16 bytes a "
+                      "parameter): shard them with FSDP2 (lesson 05)")
 def main(argv=None):
+    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     parser = base_parser(LESSON, "Lesson 04: MNIST with DistributedDataParallel (torchrun or srun)")
     parser.add_argument("--sync-bn", action="store_true",
                         help="add BatchNorm and synchronise its statistics across GPUs (GPU only)")
@@ -158,8 +163,6 @@ def main(argv=None):
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # float16 needs loss scaling
     model = Net(**model_flags(args), batch_norm=args.sync_bn).to(device)
     model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # --sync-bn: BatchNorm statistics over ALL ranks
-    on_out_of_memory(f"the model's {count_parameters(model) / 1e6:,.0f} M parameters need {count_parameters(model) * 16 / 2**30:.1f} "
-                     "GiB for weights, gradients and AdamW state on EVERY GPU under DDP: shard them with FSDP2 (lesson 05)")
     if world_size > 1:  # one process has nothing to average: no wrap, no hooks in its backward (as nanoGPT does)
         # DDP broadcasts rank 0's weights at construction, then all_reduces gradients in backward.
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -171,6 +174,7 @@ def main(argv=None):
          f"micro-batch, effective batch {args.batch_size * args.grad_accum * world_size}")
     optimizer = make_optimizer(args, model.parameters(), world_size)  # --lr-scaling uses the world size
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
+    # a collective: every rank calls it (its steps are training steps)
     warmup_s = warm_up(model, optimizer, train_loader, device, args, amp_dtype)  # one-off costs, timed apart, then undone
     position, history = Position(), History(args, LESSON, device, warmup_seconds=warmup_s)
     if resume:  # --resume auto: the newest good checkpoint
@@ -181,6 +185,7 @@ def main(argv=None):
         for epoch in range(position.epoch, args.epochs + 1):
             train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
             train_stats = train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group, amp_dtype, scaler)
+            # a collective (all_reduce): every rank calls it
             if stop.agreed(stop_group, now=True):  # also a request after the epoch's last check: all ranks save here
                 save_checkpoint(checkpoints.path(position), model, optimizer, scheduler, scaler, position, history, checkpoints)
                 stop.report(position.epoch, position.step)

@@ -27,6 +27,7 @@ from common.download import default_data_dir
 from common.distributed import detect_launch, launch_env, pick_device
 from common.errors import CourseError, one_line
 from common.exits import run
+from common.files import work_in_course_folder
 from common.model import Net
 
 COLUMNS = ["index", "label", "predicted"] + [f"p{k}" for k in range(10)]  # one row per image
@@ -194,6 +195,7 @@ def write_results(rows, test_set, out):
 
 
 def main(argv=None):
+    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     args = parse_args(argv)
     launch = detect_launch()  # torchrun or srun: several processes; a plain `python`: one, no process group
     distributed = launch.world_size > 1

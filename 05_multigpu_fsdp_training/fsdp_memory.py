@@ -40,6 +40,7 @@ from common.cli import Parser, count, positive_int
 from common.distributed import init_timeout, launch_env, pick_device
 from common.errors import CourseError
 from common.exits import run
+from common.files import work_in_course_folder
 from common.model import Net, count_parameters, model_flags
 
 # Lesson 05 itself, for its init_weights: importing it runs nothing (its main() waits for `__name__ == "__main__"`).
@@ -201,6 +202,7 @@ def table(rows) -> str:
 
 
 def main(argv=None):
+    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--width", type=positive_int, default=1, help="CNN channels x N: ACTIVATIONS grow (default: 1)")
     p.add_argument("--blocks", type=count, default=0, help="hidden-to-hidden blocks: PARAMETERS grow (default: 0)")

@@ -37,7 +37,7 @@ from common.distributed import init_timeout, launch_env, pick_device, restart_sa
 from common.early_stopping import should_stop
 from common.errors import CourseError
 from common.exits import run
-from common.files import atomic_save, replace_folder
+from common.files import atomic_save, replace_folder, work_in_course_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
 from common.log import log0, log_all, plural
@@ -113,13 +113,14 @@ def train(args, model, device, train_loader, optimizer, scheduler, position, sto
     model.train()
     meter = position.meter(device)  # the epoch's training loss; a resumed epoch continues its own sums
     for i, (data, target) in enumerate(position.remaining(train_loader, args)):  # a resumed epoch skips its steps
+        # a collective (all_reduce): every rank calls it
         if i % args.grad_accum == 0 and position.step % 10 == 0 and stop.agreed(stop_group):  # every 10 steps
             break  # between two optimizer steps; the caller saves a checkpoint here
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
         sync_now = (i + 1) % args.grad_accum == 0  # the last micro-batch of an optimizer step
         model.set_requires_gradient_sync(sync_now)  # FSDP's no_sync: no reduce-scatter until the last one
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            output = model(data)
+            output = model(data)  # a collective: FSDP all-gathers each unit's weights
         loss = F.nll_loss(output.float(), target)
         scaler.scale(loss / args.grad_accum).backward()  # when syncing, gradients are reduce-scattered: each rank keeps its shard
         if sync_now:
@@ -133,7 +134,7 @@ def train(args, model, device, train_loader, optimizer, scheduler, position, sto
             position.step += 1
         if counted:  # the TP peers computed the same loss on the same batch: it counts once per TP group
             meter.update(loss.detach() * len(data), 0, len(data))  # a SUM, so the epoch's mean is exact
-    return meter.reduce()
+    return meter.all_reduce()
 
 
 @torch.no_grad()
@@ -143,13 +144,13 @@ def test(args, model, device, test_loader, amp_dtype, counted):
     for data, target in test_loader:
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            output = model(data)
+            output = model(data)  # a collective: FSDP all-gathers each unit's weights
         if counted:  # once per TP group, as in train()
             loss_sum = F.nll_loss(output.float(), target, reduction="sum")
             meter.update(loss_sum, (output.argmax(dim=1) == target).sum(), len(data))
     for _ in range(test_loader.sampler.most_batches(test_loader.batch_size) - len(test_loader)):  # FSDP gathers
         model(torch.zeros(1, 1, 28, 28, device=device))  # INSIDE forward: a rank with fewer batches must join in
-    return meter.reduce()
+    return meter.all_reduce()
 
 
 def make_loader(args, dataset, batch_size, sampler, device):
@@ -180,7 +181,8 @@ def checkpoint_state(model, optimizer, scheduler, scaler, position, history, che
     model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, as DTensors: no copies
     return {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict(),  # float16: the loss scale; else {}
-            "position": position.state_dict(), "history": history.state_dict(), "run": checkpoints.run}
+            "position": position.state_dict(),  # a collective (all_gather_object): every rank's random state
+            "history": history.state_dict(), "run": checkpoints.run}
 
 
 def save_checkpoint(path, model, optimizer, scheduler, scaler, position, history, checkpoints):
@@ -208,6 +210,7 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, position, history
 
 
 def main(argv=None):
+    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     parser = base_parser(LESSON, "Lesson 06: MNIST with tensor parallelism inside FSDP2 (a 2-D mesh)")
     parser.add_argument("--tp", type=positive_int, default=2,
                         help="tensor-parallel degree: processes per TP group; data-parallel degree = processes / "
@@ -269,6 +272,7 @@ def main(argv=None):
          f"the rest in {plural(dp, 'piece')}")
     optimizer = make_optimizer(args, model.parameters(), dp)  # --lr-scaling: data-parallel replicas
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
+    # a collective: every rank calls it (its steps are training steps)
     warmup_s = warm_up(model, optimizer, train_loader, device, args, amp_dtype)  # one-off costs, timed apart, then undone
     position, history = Position(), History(args, LESSON, device, warmup_seconds=warmup_s)
     if resume:  # --resume auto: the newest good checkpoint
@@ -280,6 +284,7 @@ def main(argv=None):
             train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
             train_stats = train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group, amp_dtype, scaler,
                                 tp_rank == 0)
+            # a collective (all_reduce): every rank calls it
             if stop.agreed(stop_group, now=True):  # also a request after the epoch's last check: all ranks save here
                 save_checkpoint(checkpoints.path(position), model, optimizer, scheduler, scaler, position, history, checkpoints)
                 stop.report(position.epoch, position.step)

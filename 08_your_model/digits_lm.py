@@ -37,7 +37,7 @@ from common.distributed import init_timeout, launch_env, pick_device, restart_sa
 from common.download import default_data_dir
 from common.errors import CourseError, one_line
 from common.exits import run
-from common.files import atomic_save, creatable_folder, replace_folder
+from common.files import atomic_save, creatable_folder, replace_folder, work_in_course_folder
 from common.history import History
 from common.log import log0, log_all
 from common.position import Position
@@ -135,7 +135,7 @@ def train(model, loader, optimizer, position, args, device) -> dict:
         optimizer.zero_grad(set_to_none=True)
         position.step += 1
         meter.update(loss.detach() * len(tokens), 0, len(tokens))  # a SUM over images of the loss per pixel
-    return meter.reduce()  # all_reduce of every rank's sums (common.metrics): the epoch's exact mean
+    return meter.all_reduce()  # every rank's sums added up (common.metrics): the epoch's exact mean
 
 
 @torch.no_grad()
@@ -262,6 +262,7 @@ def parse_args(argv):
 
 
 def main(argv=None):
+    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     args = parse_args(argv)
     config = read_config(args.model_config)  # before anything slow: a bad file is one line
     checkpoints = CheckpointDir(args, LESSON, sharded=True)

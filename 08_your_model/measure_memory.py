@@ -31,6 +31,7 @@ from common.cli import Parser, positive_int
 from common.distributed import launch_env
 from common.errors import CourseError
 from common.exits import run
+from common.files import work_in_course_folder
 from will_it_fit import CATEGORIES, count, estimate, peak
 
 # FSDPMemTracker's labels (_FSDPRefType) in will_it_fit.py's categories
@@ -84,6 +85,7 @@ def measure(config, strategy: str, args, mesh) -> dict:
 
 
 def main(argv=None):
+    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--strategies", default="fsdp2,fsdp2-ac", help="comma-separated (default: fsdp2,fsdp2-ac)")
     p.add_argument("--hidden", type=positive_int, default=256, help="hidden size (default: 256)")

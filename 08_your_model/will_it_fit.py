@@ -52,6 +52,7 @@ import torch
 from common.cli import Parser, positive_float, positive_int
 from common.errors import CourseError
 from common.exits import run
+from common.files import work_in_course_folder
 
 GIB = 2 ** 30
 ALLOWANCE_GIB, ALLOCATOR_SHARE = 1.0, 0.10
@@ -246,6 +247,7 @@ def report(args) -> dict:
 
 
 def main(argv=None):
+    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("config", help=f"a Hugging Face decoder config.json ({EXAMPLE})")
     p.add_argument("--gpus", type=positive_int, default=1, help="GPUs in the job, all nodes together (default: 1)")

@@ -1,18 +1,22 @@
 """Every benchmark of the course, one runner: measure on 1..N GPUs, then write docs/benchmarks.md, .json and plots.
 
     python benchmarks/bench.py --plan                         # the launches, their suites and estimated seconds
-    python benchmarks/bench.py --data-dir DIR --reference REF  # all: 8.7 min on 2 H100s at 4ea74ce (more GPUs add rows)
+    python benchmarks/bench.py --data-dir DIR --reference REF  # all: 8.7 min on 2 H100s at 4ea74ce (before the peer);
+                                                               # 1, 2 and 4 GPUs: 11.7 min by --plan, so two --suite
+                                                               # calls, then --report-only --merge
     python benchmarks/bench.py --suite recipe,plain --budget 300
     python benchmarks/bench.py --report-only --merge A.json B.json   # the page again, from rows measured elsewhere
     python benchmarks/bench.py --quick                         # CPU smoke mode (gloo, synthetic, tiny): the tests
 
-Suites: throughput (lessons 02/04/05 img/s), scaling (large batches), recipe (lesson 04, seeds 1-5, time to
-99%), plain (the plain loop, same seeds and GPUs), dp (lesson 03), tools (the FSDP2 tools, 2 GPUs), overlap
-(DDP's all_reduce against backward, 2 GPUs), fsdp_oom (DDP out of memory where FSDP2 trains, 2 capped GPUs, with a
-memory snapshot of each), tp (lesson 06: DDP, FSDP2, TP and on 4+ GPUs 2-D, 2+ GPUs), bandwidth (all_reduce per
-NCCL transport), parity (lesson 02 against --reference, a pytorch/examples mnist/main.py). One launch per GPU
-count runs that count's suites in-process (benchmarks/worker.py); rows are merged into OUT/benchmarks.json after
-every launch, keyed by measurement, so a killed run keeps what it measured.
+Suites: throughput (lessons 02/04/05 img/s), peer (a hand-written DataLoader + DDP loop, torch and torchvision only,
+in the throughput suite's launch: lesson 04's scaling against the peer's), scaling (large batches), recipe (lesson
+04, seeds 1-5, time to 99%), plain (the plain loop, same seeds and GPUs, each seed's run right after lesson 04's: a
+round of the ratio), dp (lesson 03), tools (the FSDP2 tools, 2 GPUs), overlap (DDP's all_reduce against backward, 2
+GPUs), fsdp_oom (DDP out of memory where FSDP2 trains, 2 capped GPUs, with a memory snapshot of each), tp (lesson
+06: DDP, FSDP2, TP and on 4+ GPUs 2-D, 2+ GPUs), bandwidth (all_reduce per NCCL transport), parity (lesson 02
+against --reference, a pytorch/examples mnist/main.py). One launch per GPU count runs that count's suites in-process
+(benchmarks/worker.py); rows are merged into OUT/benchmarks.json after every launch, keyed by measurement, so a
+killed run keeps what it measured.
 """
 from __future__ import annotations
 
@@ -32,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import report  # noqa: E402
 
-SUITES = ("throughput", "scaling", "recipe", "plain", "dp", "tools", "overlap", "fsdp_oom", "tp", "bandwidth", "parity")
+SUITES = ("throughput", "peer", "scaling", "recipe", "plain", "dp", "tools", "overlap", "fsdp_oom", "tp", "bandwidth",
+          "parity")
 START_S = 15  # a launch: Python, torch, CUDA and NCCL, the data (2x H100, c3cd817)
 
 
@@ -42,6 +47,7 @@ def estimate(suite: str, n: int) -> float:
     run = 3.0  # a lesson run's warm-up, tests and checkpoints
     return {"throughput": (2 * run + 3 * 3.2 + 3 * 0.31 if n == 1 else 0) + 2 * run + 3 * loader + 3 * device
             + run + 3 * 1.3 / n ** 0.6,
+            "peer": 2 + 3 * (loader + 0.5),  # a guess until measured: its 8 workers start every epoch
             "scaling": (1 if n == 1 else 2) * (run + 6 * device), "recipe": 5 * (run + 6 * device),
             "plain": 3 + 5 * (1 + 6 * 0.8 * device), "dp": 15, "tools": 60, "overlap": 10,
             "fsdp_oom": START_S + 35, "tp": 20, "bandwidth": 3 * 12,  # 868b4f0, 2x H100: 60, 42, 32, 33 s
@@ -54,7 +60,7 @@ def plan(suites, gpus: list[int], reference: str | None) -> list[dict]:
     for n in gpus:
         # Time to 99% and the plain loop first and side by side (one ratio, one run); lesson 03 last: it turns
         # cuDNN's autotuning off for the rest of the process.
-        here = [s for s in ("recipe", "plain", "throughput", "scaling") if s in suites]
+        here = [s for s in ("recipe", "plain", "throughput", "peer", "scaling") if s in suites]
         here += ["dp"] if n == 1 and "dp" in suites else []  # one process drives every visible GPU
         here += [s for s in ("tools", "overlap") if s in suites and n == 2]
         if here:  # lesson 03 drives every GPU its process sees: worker-1 sees two when there are two

@@ -125,7 +125,7 @@ def section(out, cap_gib: float | None) -> list[str]:
     if lines:
         lines = ["### Memory over time, by category", "", "The runs above, recorded with "
                  "`torch.cuda.memory._record_memory_history(stacks=\"python\")` and dumped on rank 0 "
-                 "(`benchmarks/worker.py: snapshot`). Each allocation is put in a category by its Python stack "
+                 "(`benchmarks/suites.py: snapshot`). Each allocation is put in a category by its Python stack "
                  "(`benchmarks/memory.py: categorize`): none (the autograd engine's thread) is a gradient, "
                  "`torch/optim` optimizer state, FSDP2's `unshard` gathered units, `torch/nn` activations.", ""] + lines
     return lines

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -78,7 +79,7 @@ def _both(a, b) -> float:
 
 def lanes(trace: str) -> dict:
     """{lanes: {name: [(start_ms, end_ms)]}, backward: [...], step_ms}, in ms from the step's start."""
-    events = [e for e in json.loads(open(trace).read())["traceEvents"] if e.get("ph") == "X"]
+    events = [e for e in json.loads(Path(trace).read_text())["traceEvents"] if e.get("ph") == "X"]
     marks = {e["name"]: (e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "user_annotation"}
     t0, t1 = marks["step"]
     span = lambda ts, dur: ((ts - t0) / 1e3, (ts + dur - t0) / 1e3)  # noqa: E731

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks import memory, plots, tables
+from benchmarks import against, memory, plots, tables
 
+SECTIONS = (tables.speed, against.scaling, against.time_to_99, tables.fsdp_memory, tables.tools,
+            tables.tensor_parallel, tables.communication)
 KEY_FIELDS = ("suite", "program", "gpus", "variant", "seed", "tools", "width", "blocks", "hidden", "data", "quick")
 
 
@@ -42,7 +44,7 @@ def write(out: Path, rows: list[dict]) -> None:
              "measured with; a ratio is only taken between rows of one run on one machine. Times are training "
              "seconds: every program warms up (kernels, cuDNN autotuning, NCCL connections) before its clock "
              "starts. GPUs = processes, one GPU each, except lesson 03 (one process driving them all).", ""]
-    for section in tables.SECTIONS:
+    for section in SECTIONS:
         lines += section(rows) + [""]
     cap = next((r.get("cap_gib") for r in rows if r["suite"] == "fsdp_oom" and r.get("cap_gib")), None)
     at = lines.index("## Tools") if "## Tools" in lines else len(lines)

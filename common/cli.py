@@ -11,7 +11,6 @@ from pathlib import Path
 from common.config import apply_config
 from common.download import default_data_dir
 from common.errors import CourseError
-from common.files import work_in_course_folder
 from common.loaders import default_num_workers
 
 
@@ -37,14 +36,10 @@ decay = _number(float, 0, False, 1, example=", e.g. 0.7")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with no abbreviations (--data is not --data-dir), mistakes on one line, paths in the course folder."""
+    """argparse with no abbreviations (--data is not --data-dir) and mistakes on one line."""
 
     def __init__(self, **kwargs):
         super().__init__(allow_abbrev=False, **kwargs)
-
-    def parse_known_args(self, args=None, namespace=None):
-        work_in_course_folder()  # before any path is read, --config FILE included
-        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         raise CourseError(f"{message} (see {Path(self.prog).name} --help)")

@@ -1,4 +1,5 @@
 """The exit policy of every course script, `run(main)`: a failure a user can fix becomes ONE line and an exit code."""
+import functools
 import gc
 import os
 import sys
@@ -9,30 +10,39 @@ import torch.distributed as dist
 from common.distributed import get_rank
 from common.errors import CourseError, one_line
 
-_oom_advice = ""
+OOM_ADVICE = "lower --batch-size, or shard the model with FSDP2 (lesson 05)"
 
 
-def on_out_of_memory(advice: str) -> None:
-    """What the one-line CUDA out-of-memory error of this run should add: the model's size and the way out."""
-    global _oom_advice
-    _oom_advice = advice
+def out_of_memory_advice(advice: str):
+    """`@out_of_memory_advice("...")` on a lesson's main: a CUDA out-of-memory error leaving it carries `advice` (the
+    way out, for this lesson) to the one line run() prints, however main is called."""
+    def decorate(main):
+        @functools.wraps(main)
+        def with_advice(*args, **kwargs):
+            try:
+                return main(*args, **kwargs)
+            except torch.OutOfMemoryError as exc:
+                exc.advice = advice
+                raise
+        return with_advice
+    return decorate
 
 
-def out_of_memory_line(exc: BaseException) -> str:
-    """`CUDA out of memory` as one line: which GPU, how full it was, and the advice the lesson registered."""
+def out_of_memory_line(exc: BaseException, advice: str) -> str:
+    """`CUDA out of memory` as one line: which GPU, how full it was, and the way out (`advice`)."""
     where = ""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         device = torch.cuda.current_device()
         where = f" on cuda:{device} ({torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB were allocated)"
     tried = str(exc).split(". ")[1] if ". " in str(exc) else ""  # e.g. "Tried to allocate 64.00 MiB"
-    advice = _oom_advice or "lower --batch-size, or shard the model with FSDP2 (lesson 05)"
     return one_line(f"CUDA out of memory{where}{'; ' + tried if tried else ''}: {advice}", 400)
 
 
 def run(main, argv=None) -> None:
     """Call main(). Rank 0 prints `error: ...` and exits 2 for bad input (the other ranks, which meet the same problem,
-    leave quietly); exit 1 with one line on a rank whose collective broke because another rank stopped first; exit
-    130 for Ctrl-C outside a checkpointing stop. Python bugs keep their traceback."""
+    leave quietly) and for CUDA out of memory (with main's out_of_memory_advice, else OOM_ADVICE); exit 1 with one
+    line on a rank whose collective broke because another rank stopped first; exit 130 for Ctrl-C outside a
+    checkpointing stop. Python bugs keep their traceback."""
     quiet = get_rank() != 0
     code, line = 0, None
     try:
@@ -43,7 +53,7 @@ def run(main, argv=None) -> None:
     except CourseError as exc:
         code, line = 2, f"error: {exc}"
     except torch.OutOfMemoryError as exc:
-        code, line = 2, f"error: {out_of_memory_line(exc)}"
+        code, line = 2, f"error: {out_of_memory_line(exc, getattr(exc, 'advice', OOM_ADVICE))}"
     except KeyboardInterrupt:
         code, line = 130, ("interrupted (Ctrl-C): the epoch in progress is lost; continue from the last "
                            "checkpoint with the same command and --resume auto")

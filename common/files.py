@@ -63,7 +63,9 @@ def creatable_folder(path) -> str | None:
 
 def work_in_course_folder() -> None:
     """Make every relative path (data/, runs/, flags, --config) the course folder's, wherever the lesson was started:
-    no second data/ or runs/ beside the script. The script's own course, not the one `common` came from."""
+    no second data/ or runs/ beside the script. The script's own course, not the one `common` came from. Each
+    script's main calls it first, before parsing its flags; outside a lesson script (a notebook, pytest) it does
+    nothing."""
     script = getattr(sys.modules.get("__main__"), "__file__", None)  # none in a notebook or an interactive session
     path = Path(script).resolve() if script else Path("/")
     course = next((p for p in path.parents if (p / "common").is_dir() and (p / "01_setup").is_dir()), None)

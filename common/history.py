@@ -2,6 +2,7 @@
 
 Every rank calls add() with the same (all-reduced) numbers; rank 0 alone prints and writes. The rows travel inside
 each checkpoint too, so a run resumed into another --output-dir keeps its history.
+One job, the record of the epochs, written to each place a learner reads it (curves.png: common/curves.py).
 """
 import json
 import time
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from common.config import args_to_dict
+from common.curves import plot_curves
 from common.distributed import get_world_size, is_main_process
 from common.early_stopping import best_epoch, time_to_target
 from common.files import atomic_write
@@ -112,28 +114,3 @@ class History:
         """The rows of the epochs before `epoch` (the one the resumed run does next); each epoch appears once."""
         self.record["epochs"] = [r for r in json.loads(state["rows"]) if r["epoch"] < epoch]
         self._update_record()
-
-
-def plot_curves(record: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")  # no display on compute nodes
-    import matplotlib.pyplot as plt
-
-    rows = record["epochs"]
-    epochs = [r["epoch"] for r in rows]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.5))
-    ax_loss.plot(epochs, [r["train_loss"] for r in rows], "o-", label="train")
-    ax_loss.plot(epochs, [r["test_loss"] for r in rows], "o-", label="test")
-    ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
-    ax_loss.legend()
-    ax_acc.plot(epochs, [100 * r["test_accuracy"] for r in rows], "o-", color="tab:green", label="test")
-    if rows and "val_accuracy" in rows[0]:
-        ax_acc.plot(epochs, [100 * r["val_accuracy"] for r in rows], "o-", color="tab:purple", label="validation")
-        ax_acc.legend()
-    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="accuracy")
-    n = record["world_size"]
-    synthetic = ", SYNTHETIC digits (not MNIST)" if record["args"].get("data") == "synthetic" else ""
-    fig.suptitle(f"{record['lesson']}: {n} process{'es' if n != 1 else ''}, {record['device']}{synthetic}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

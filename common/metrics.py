@@ -38,7 +38,7 @@ class EpochMeter:
         self.correct = torch.zeros((), dtype=torch.int64, device=self.device)
         self.count = count
         self.start = time.perf_counter() - seconds
-        self.seconds = None  # set by stop_clock(); until then reduce() measures up to its own call
+        self.seconds = None  # set by stop_clock(); until then all_reduce() measures up to its own call
 
     @property
     def loss_sum(self) -> torch.Tensor:
@@ -63,8 +63,8 @@ class EpochMeter:
             torch.cuda.synchronize(self.device)
         self.seconds = time.perf_counter() - self.start
 
-    def reduce(self) -> dict:
-        """Global loss, accuracy, count and images/s over all ranks. Every rank must call it."""
+    def all_reduce(self) -> dict:
+        """Global loss, accuracy, count and images/s over all ranks: a collective, every rank must call it."""
         if self.seconds is None:
             self.stop_clock()
         seconds = all_reduce_max(self.seconds, self.device)  # the slowest rank sets the pace

@@ -1,18 +1,14 @@
 """Where a run is: the epoch to run next, the optimizer steps already done in it, and every rank's random state.
 
 A checkpoint stores it so that a restarted run continues with the same batches and the same random numbers.
+It also hands out the epoch's batches (with the progress bar) and meter: both start where the epoch stopped.
 """
-import io
 import itertools
-import json
 
-import torch
-import torch.distributed as dist
-
-from common.distributed import get_rank, get_world_size
 from common.errors import CourseError
 from common.log import progress_bar
 from common.metrics import EpochMeter
+from common.rank_states import all_gather_states, restore_states
 
 
 def steps_per_epoch(loader, args) -> int:
@@ -46,30 +42,11 @@ class Position:
         self._meter, self._partial = None, {}
 
     def state_dict(self) -> dict:
-        """A collective: every rank's random state and loss sums travel to every rank (rank 0 saves them all)."""
+        """A collective (all_gather_object, common/rank_states.py): every rank's random state and loss sums."""
         # The sums of an interrupted epoch are this rank's own: each rank gets its own back on resume.
         partial = self._meter.partial() if self._meter is not None and self.step else {}
-        mine = {"torch": torch.get_rng_state(), "partial": json.dumps(partial)}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            mine["cuda"] = torch.cuda.get_rng_state()
-        states = [mine]
-        if dist.is_initialized():
-            states = [None] * dist.get_world_size()
-            dist.all_gather_object(states, mine)
-        buffer = io.BytesIO()
-        torch.save(states, buffer)  # one opaque value: its length depends on the number of ranks
-        return {"epoch": self.epoch, "step": self.step, "rng": buffer.getvalue()}
+        return {"epoch": self.epoch, "step": self.step, "rng": all_gather_states(partial)}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.step = state["epoch"], state["step"]
-        states = torch.load(io.BytesIO(state["rng"]), weights_only=True)
-        partials = [json.loads(s["partial"]) for s in states]
-        if len(states) == get_world_size():  # with another number of ranks, exact replay is impossible anyway
-            self._partial = partials[get_rank()]
-            torch.set_rng_state(states[get_rank()]["torch"].cpu())
-            if "cuda" in states[get_rank()] and torch.cuda.is_available():
-                torch.cuda.set_rng_state(states[get_rank()]["cuda"].cpu())
-        elif get_rank() == 0 and any(partials):  # rank 0 carries the interrupted epoch's sums of every old rank
-            self._partial = {"loss_sum": sum(p.get("loss_sum", 0.0) for p in partials),
-                             "count": sum(p.get("count", 0) for p in partials),
-                             "seconds": max(p.get("seconds", 0.0) for p in partials)}
+        self._partial = restore_states(state["rng"])

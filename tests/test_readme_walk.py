@@ -12,9 +12,19 @@ from walk import (BLOCK_TIMEOUT_S, ROOT, TOLERANCE, Block, as_run, blocks, check
                   find_mnist, pages, prepare, reads_real_mnist, run_block, walk_page)
 
 
+def in_make_test(page: str) -> bool:
+    """The core path: README.md and the lesson READMEs. The reference pages and lesson 08's README (the walks that
+    take minutes each) are walked by tests/test_reference_walk.py, in make test-slow."""
+    return page.endswith("README.md") and not page.startswith("08_")
+
+
 @pytest.mark.timeout(1800)  # ~90 s a page on an idle 2-core laptop; much more while other tests run
-@pytest.mark.parametrize("page", pages())
+@pytest.mark.parametrize("page", [p for p in pages() if in_make_test(p)])
 def test_page(page, tmp_path):
+    walk_and_judge(page, tmp_path)
+
+
+def walk_and_judge(page: str, tmp_path) -> None:
     outcomes = walk_page(ROOT / page, ROOT, workdir=tmp_path, mnist=find_mnist())
     failed = [o for o in outcomes if o.status == "failed"]
     assert not failed, "\n\n".join(describe(page, o) for o in failed)

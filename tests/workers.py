@@ -16,7 +16,7 @@ def reduce_unequal(per_rank_values):
     meter = EpochMeter()
     for loss, correct in per_rank_values[dist.get_rank()]:
         meter.update(torch.tensor(loss), correct, 1)
-    out = meter.reduce()
+    out = meter.all_reduce()
     dist.destroy_process_group()
     return out
 

@@ -22,6 +22,7 @@ from common.cli import Parser
 from common.data import load_mnist
 from common.errors import CourseError
 from common.exits import run
+from common.files import work_in_course_folder
 from common.model import Net, model_flags
 
 
@@ -45,6 +46,7 @@ def score(state, args) -> int:
 
 
 def main(argv=None):
+    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path, help="the run that saved the checkpoint, then the runs that loaded it")
     folders = p.parse_args(argv).runs

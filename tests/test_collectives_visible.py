@@ -1,0 +1,99 @@
+"""Every collective a lesson runs through `common` is visible at the lesson's call site.
+
+A collective hangs unless every rank calls it, so a learner reading lesson 04 or 05 must see each one: by the
+call's own name (`meter.all_reduce()`, `barrier=dist.barrier`) or by a comment on the call or directly above it
+("a collective"). One real 2-rank run of each lesson records, with tests/record_collectives/sitecustomize.py, every
+torch.distributed collective whose stack passes through common/ and the lesson line that called into common.
+"""
+import json
+import tokenize
+from collections import Counter
+from io import StringIO
+from pathlib import Path
+
+from lessons import ROOT, SCRIPTS, assert_clean, run_script
+
+TINY = ("--data", "synthetic", "--train-samples", 256, "--test-samples", 64, "--epochs", 1, "--num-workers", 0)
+# (collective, the common function the lesson called): how often each rank runs it in one epoch of TINY.
+EVERY_LESSON = {("barrier", "data.load_mnist"): 1,  # rank 0 prepares the files, the others wait
+                ("all_reduce", "signals.StopSignals.agreed"): 2,  # the vote at step 0, and at the epoch's end
+                ("all_reduce", "metrics.EpochMeter.all_reduce"): 4,  # train and test: the slowest time, the sums
+                ("all_gather_object", "position.Position.state_dict"): 1}  # the epoch's checkpoint
+# Lesson 05: FSDP's all-gathers and reduce-scatters, inside warm_up's steps and Net.forward's units. How many
+# depends on torch's prefetching, so only where they come from is checked.
+FSDP = {"warmup.warm_up", "model.Net.forward"}
+
+
+def record(lesson: str, tmp_path: Path, data_dir: str) -> list[list[dict]]:
+    """Each rank's recorded calls of a 2-rank torchrun of the lesson."""
+    folder = tmp_path / "recorded"
+    proc = run_script(lesson, *TINY, "--data-dir", data_dir, "--output-dir", tmp_path / "run", nproc=2,
+                      env={"PYTHONPATH": str(ROOT / "tests" / "record_collectives"), "RECORD_COLLECTIVES": str(folder)})
+    assert_clean(proc)
+    return [json.loads((folder / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def site(call: dict) -> str:
+    return f"line {call['first_line']}: {call['collective']} (through {call['through']})"
+
+
+def unmarked(text: str, calls: list[dict]) -> list[str]:
+    """The call sites whose lines, and the comment lines directly above them, name neither the collective nor
+    "a collective"."""
+    lines = text.splitlines()
+    missing = set()
+    for call in calls:
+        first, last = call["first_line"], call["last_line"]
+        seen = lines[first - 1:last]
+        above = first - 2
+        while above >= 0 and lines[above].lstrip().startswith("#"):
+            seen.append(lines[above])
+            above -= 1
+        if not any(call["collective"] in line or "a collective" in line for line in seen):
+            missing.add(site(call))
+    return sorted(missing)
+
+
+def without_comments(text: str, call: dict) -> str:
+    """The script with the comments of one call site removed: on its lines, and the comment lines above it
+    (emptied, so that no line moves)."""
+    lines = text.splitlines(keepends=True)
+    first, last = call["first_line"], call["last_line"]
+    above = first - 1
+    while above > 0 and lines[above - 1].lstrip().startswith("#"):
+        above -= 1
+    for token in tokenize.generate_tokens(StringIO(text).readline):
+        row, col = token.start
+        if token.type == tokenize.COMMENT and above <= row <= last:
+            lines[row - 1] = lines[row - 1][:col].rstrip() + "\n"
+    return "".join(lines)
+
+
+def check_lesson(lesson: str, recorded: list[list[dict]]) -> list[dict]:
+    """The checks common to both lessons; returns rank 0's calls."""
+    assert recorded[0], "nothing recorded: is tests/record_collectives on PYTHONPATH?"
+    script = SCRIPTS[lesson]
+    sites = [[(c["collective"], c["through"], c["first_line"]) for c in calls] for calls in recorded]
+    assert sites[0] == sites[1]  # every rank calls the same collectives at the same lines, in the same order
+    assert {Path(c["file"]) for c in recorded[0]} == {script}
+    text = script.read_text()
+    assert unmarked(text, recorded[0]) == []
+    commented = [c for c in recorded[0] if not unmarked(text, [c]) and unmarked(without_comments(text, c), [c])]
+    assert {c["through"] for c in commented} >= {"signals.StopSignals.agreed", "position.Position.state_dict"}
+    for call in {c["first_line"]: c for c in commented}.values():  # each site's marker removed: the check says so
+        assert unmarked(without_comments(text, call), recorded[0]) == \
+            sorted({site(c) for c in recorded[0] if c["first_line"] == call["first_line"]})
+    return recorded[0]
+
+
+def test_lesson_04_marks_every_collective_it_runs_through_common(tmp_path, synthetic_dir):
+    calls = check_lesson("04", record("04", tmp_path, synthetic_dir))
+    assert Counter((c["collective"], c["through"]) for c in calls) == EVERY_LESSON
+
+
+def test_lesson_05_marks_every_collective_it_runs_through_common(tmp_path, synthetic_dir):
+    calls = check_lesson("05", record("05", tmp_path, synthetic_dir))
+    counts = Counter((c["collective"], c["through"]) for c in calls if c["through"] not in FSDP)
+    assert counts == EVERY_LESSON
+    assert {c["through"] for c in calls if c["through"] in FSDP} == FSDP
+
