@@ -61,12 +61,13 @@ test-floor:
 	.venv-floor/bin/python -m pip install --quiet -e '.[dev]'
 	.venv-floor/bin/python -c "import torch; assert torch.__version__.startswith('2.9.'), torch.__version__"
 	.venv-floor/bin/python -m pytest tests/test_lessons.py tests/test_fsdp.py tests/test_config_and_logging.py \
-	    tests/test_tensor_parallel.py --deselect tests/test_tensor_parallel.py::test_tp_on_2_ranks_and_the_checkpoint_on_1x2
+	    tests/test_tensor_parallel.py tests/test_pipeline.py \
+	    --deselect tests/test_tensor_parallel.py::test_tp_on_2_ranks_and_the_checkpoint_on_1x2
 
 # A real two-node Slurm cluster on this machine (needs root; apt-installs slurm and munge if missing).
 test-slurm: setup
 	REQUIRE_SLURM=1 $(PY) -m pytest tests/test_slurm_cluster.py tests/test_slurm_lessons.py tests/test_slurm_preemption.py \
-	    tests/test_slurm_hsdp.py tests/test_slurm_sweep.py tests/test_slurm_lesson06.py -v
+	    tests/test_slurm_hsdp.py tests/test_slurm_sweep.py tests/test_slurm_lesson06.py tests/test_slurm_lesson07.py -v
 
 DEMO_FLAGS ?= --epochs 2 --train-samples 12000
 # The course's main job on CPU: lesson 04, DDP with 2 gloo processes. Real MNIST when it is in

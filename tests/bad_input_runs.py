@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from bad_inputs import LESSONS, SCRIPTS, SHARDED, Case, lesson_parser, load_script, small
+from bad_inputs import LESSONS, SCRIPTS, SHARDED, TWO_RANKS, Case, lesson_parser, load_script, small
 
 
 # ---- where a row runs -----------------------------------------------------------------------------------
@@ -53,19 +54,29 @@ class Context:
 
 
 def make_artifacts(art: Path, data: str) -> None:
-    """Real checkpoints of every lesson (the small() run, in-process), a truncated one, a broken DCP folder of each
-    sharded lesson, and two --config files."""
+    """Real checkpoints of every lesson (the small() run, in-process; TWO_RANKS lessons: a 2-rank torchrun, started
+    first so that it overlaps the others), a truncated one, a broken DCP folder of each sharded lesson, and two
+    --config files."""
     from unittest import mock
 
     art.mkdir(parents=True, exist_ok=True)
     ctx = Context(data, str(art), str(art / "runs"))
+    cases = {lesson: Case(f"artifact-{lesson}", lesson, "", (*small(lesson), "--output-dir", "{out}"), expect="ok")
+             for lesson in LESSONS}
+    launched = {lesson: subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPTS[lesson]),
+         *ctx.resolve(cases[lesson], cases[lesson].argv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}) for lesson in TWO_RANKS}
     for lesson in LESSONS:
-        case = Case(f"artifact-{lesson}", lesson, "", (*small(lesson), "--output-dir", "{out}"), expect="ok")
-        with mock.patch("common.history.plot_curves"):  # an input, not under test: its curves.png costs ~1.5 s
-            result = run_in_process(case, ctx)
+        if lesson in launched:
+            output = launched[lesson].communicate(timeout=300)[0]
+            result = {"code": launched[lesson].returncode, "output": output[-3000:]}
+        else:
+            with mock.patch("common.history.plot_curves"):  # an input, not under test: its curves.png costs ~1.5 s
+                result = run_in_process(cases[lesson], ctx)
         if result["code"] != 0:
             raise AssertionError(f"making the lesson {lesson} checkpoint failed: {result}")
-        produced = sorted((Path(ctx.paths(case)["out"]) / "checkpoints").iterdir())[-1]
+        produced = sorted((Path(ctx.paths(cases[lesson])["out"]) / "checkpoints").iterdir())[-1]
         (shutil.copytree if produced.is_dir() else shutil.copyfile)(produced, art / f"ckpt-{lesson}")
     (art / "truncated.pt").write_bytes((art / "ckpt-02").read_bytes()[:2000])
     for lesson in SHARDED:

@@ -1,12 +1,13 @@
 """THE table of learner mistakes, and how one row runs in-process and is judged. One place: a new flag gets rows.
 
-Every lesson script (02-06, and 01's download_mnist.py; hello_distributed.py and check_env.py: their one flag,
+Every lesson script (02-07, and 01's download_mnist.py; hello_distributed.py and check_env.py: their one flag,
 --device) gets the same mistakes, each run once in-process as `python SCRIPT ...` would run it:
 
   values         zero, a negative and a non-number for EVERY numeric flag of the script's own parser, a
                  typo'd flag, a choice out of range, a typo'd --compile backend, --patience without
                  --val-samples, --val-samples that leaves no training images, bad --config files; lesson
-                 06's --tp that cuts no block evenly, or (plain python: its default --tp 2) no process count
+                 06's --tp that cuts no block evenly, or (plain python: its default --tp 2) no process count;
+                 lesson 07's --microbatches that do not divide the batch, a typo'd --pp-schedule, --grad-accum
   paths          a typo'd --data-dir, an --output-dir or --data-dir under a regular file (unwritable even as
                  root), --resume with a checkpoint of another lesson, of another --width, a truncated one, a
                  missing one, a broken sharded one (05, 06); lesson 05's --init-from with a truncated or
@@ -16,13 +17,17 @@ Every lesson script (02-06, and 01's download_mnist.py; hello_distributed.py and
   interruptions  a second run into a used --output-dir (refused at once, before data is loaded), Ctrl-C
                  while the data loads (outside a checkpointing stop: exit 130, one line)
 
-Under torchrun with 2 ranks as well (TORCHRUN_ROWS, lessons 04-06 only: 02 and 03 make no process group)
+Under torchrun with 2 ranks as well (TORCHRUN_ROWS, lessons 04-07 only: 02 and 03 make no process group)
 run only the mistakes where the ranks must agree: a failing rank (rank 0 cannot find the data while rank 1
 waits in a barrier), more ranks than batches, a checkpoint of another lesson, a corrupt checkpoint, Ctrl-C,
 a used folder. A value or parser mistake meets the same parser before init_process_group on every rank
 (rank 1 quiet, by RANK), so a second launcher would repeat the python row. Lesson 06's rows carry --tp 1 (one
 process has no other mesh); its torchrun rows are twins, ID-tp2, on the README's 2-rank mesh (--tp 2: dp 1 x
 tp 2), but more ranks than batches keeps --tp 1 (2 data-parallel ranks: with dp 1 there is one batch stream).
+Lesson 07 needs 2 processes or more (TWO_RANKS: a pipeline of one stage is refused, plain python included), so
+its rows that get past that check run under torchrun only (the data rows, Ctrl-C while loading, and its own: a
+--dp that leaves no pipeline of 2 stages, more stages than layers, fewer training images than a batch), and its
+checkpoint artifact is made by a real 2-rank torchrun.
 
 How the numeric flags are found: `lesson_parser(script)` runs the script's own main() until its FIRST call
 of `Parser.parse_known_args` (lessons 02-06 reach it through common.cli.parse, download_mnist.py through
@@ -46,7 +51,8 @@ from lessons import ROOT, SCRIPTS as LESSON_SCRIPTS
 
 SCRIPTS = {**{k: v for k, v in LESSON_SCRIPTS.items() if k != "01"}, "download": ROOT / "01_setup" / "download_mnist.py",
            "check_env": ROOT / "01_setup" / "check_env.py", "hello": ROOT / "01_setup" / "hello_distributed.py"}
-LESSONS = ("02", "03", "04", "05", "06")
+LESSONS = ("02", "03", "04", "05", "06", "07")
+TWO_RANKS = ("07",)  # a pipeline needs 2 processes: rows past the launch check, and the artifact, under torchrun
 MODES = ("python", "torchrun")
 # The rows (by name, after the lesson number) that also run under torchrun in lessons 04-06 (see above).
 TORCHRUN_ROWS = ("data-dir-typo", "resume-other-lesson", "resume-truncated", "resume-broken-sharded",
@@ -61,8 +67,9 @@ SMALL = ("--data", "synthetic", "--data-dir", "{data}", "--num-workers", "0", "-
          "--test-samples", "16", "--batch-size", "32", "--epochs", "1", "--max-steps", "1")
 LESSON_FLAGS = {"06": ("--blocks", "2", "--tp", "1")}  # after SMALL: the README's blocks, the one-process mesh
 NO_NETWORK = (("MNIST_MIRROR", "http://127.0.0.1:9/"),)  # a refused connection: a download fails at once
-SHARDED = ("05", "06")  # the lessons that write DCP folders, not .pt files
-OTHER_LESSON = {"02": "04", "03": "02", "04": "02", "05": "04", "06": "04"}  # whose checkpoint a row hands to --resume
+SHARDED = ("05", "06", "07")  # the lessons that write DCP folders, not .pt files
+# Whose checkpoint a row hands to --resume.
+OTHER_LESSON = {"02": "04", "03": "02", "04": "02", "05": "04", "06": "04", "07": "06"}
 
 @dataclass(frozen=True)
 class Case:
@@ -254,20 +261,52 @@ def _lesson_rows(lesson: str) -> list[Case]:
             Case("06-tp-more-than-ranks", "06", "--tp 4 on 2 ranks", (*base, "--tp", "4"), modes=("torchrun",),
                  needles=("--tp 4 does not divide the 2 processes", "--tp 2")),
         ]
-    if lesson in ("04", "05", "06"):
+    if lesson == "07":
+        rows += [
+            Case("07-microbatches-not-a-divisor", "07", "--microbatches 3 with --batch-size 32",
+                 (*base, "--microbatches", "3"),
+                 needles=("argument --microbatches: 3 does not divide --batch-size 32", "pick a divisor")),
+            Case("07-pp-schedule-typo", "07", "--pp-schedule 1fb1 (for 1f1b)", (*base, "--pp-schedule", "1fb1"),
+                 needles=("argument --pp-schedule: invalid choice: '1fb1'",)),
+            Case("07-grad-accum", "07", "--grad-accum 2 (a pipeline accumulates its micro-batches)",
+                 (*base, "--grad-accum", "2"), needles=("argument --grad-accum:", "use --microbatches")),
+            Case("07-dp-not-a-divisor", "07", "--dp 3 on 2 ranks", (*base, "--dp", "3"), modes=("torchrun",),
+                 needles=("--dp 3 on 2 processes leaves no pipeline of 2 stages", "--nproc_per_node=6")),
+            Case("07-dp-leaves-one-stage", "07", "--dp 2 on 2 ranks: pipelines of ONE stage", (*base, "--dp", "2"),
+                 modes=("torchrun",), needles=("--dp 2 on 2 processes leaves no pipeline of 2 stages",)),
+            Case("07-more-stages-than-blocks", "07", "--pp-schedule interleaved --blocks 1 on 2 ranks: 4 stages",
+                 (*base, "--pp-schedule", "interleaved", "--blocks", "1"), modes=("torchrun",),
+                 needles=("--blocks 1 leaves a middle stage of 4 empty", "use --blocks 3")),
+            Case("07-fewer-images-than-a-batch", "07", "--train-samples 16 with --batch-size 32",
+                 (*base, "--train-samples", "16"), modes=("torchrun",),
+                 needles=("--batch-size 32 on 1 pipeline needs 32 training images, there are 16",)),
+        ]
+    if lesson in TWO_RANKS:  # past the launch check only under torchrun; ONE process is the mistake (see above)
+        late = ("data-dir-typo", "data-dir-under-a-file", "val-samples-eat-all-training", "ctrl-c-while-loading")
+        rows = [replace(row, modes=("torchrun",)) if row.id.split("-", 1)[1] in late else row for row in rows]
+    if lesson in ("04", "05", "06", "07"):
         torchrun = [row for row in rows if row.id.split("-", 1)[1] in TORCHRUN_ROWS]
         if lesson == "06":  # twins on the README's 2-rank mesh (see above); the last --tp wins
             rows += [replace(row, id=f"{row.id}-tp2", what=f"{row.what}, --tp 2", argv=(*row.argv, "--tp", "2"),
                              modes=("torchrun",)) for row in torchrun]
         else:
-            rows = [replace(row, modes=MODES) if row in torchrun else row for row in rows]
-        rows += [
-            Case(f"{lesson}-under-plain-python", lesson, "python on a torchrun lesson: ONE process, not a mistake",
-                 base, expect="ok", test_samples=16, world_size=1),
-            Case(f"{lesson}-more-ranks-than-batches", lesson, "--train-samples 1 --test-samples 1 on 2 ranks",
-                 (*base, "--train-samples", "1", "--test-samples", "1"), expect="ok", test_samples=1,
-                 modes=("torchrun",), world_size=2),
-        ]
+            rows = [replace(row, modes=tuple(m for m in MODES if m in row.modes or m == "torchrun"))
+                    if row in torchrun else row for row in rows]
+        if lesson in TWO_RANKS:
+            rows += [
+                Case(f"{lesson}-under-plain-python", lesson, "python on a pipeline lesson: ONE process, no pipeline",
+                     base, needles=("--dp 1 on 1 process leaves no pipeline of 2 stages", "--nproc_per_node=2")),
+                Case(f"{lesson}-more-ranks-than-batches", lesson, "--test-samples 1 on 2 ranks (one pipeline)",
+                     (*base, "--test-samples", "1"), expect="ok", test_samples=1, modes=("torchrun",), world_size=2),
+            ]
+        else:
+            rows += [
+                Case(f"{lesson}-under-plain-python", lesson, "python on a torchrun lesson: ONE process, not a mistake",
+                     base, expect="ok", test_samples=16, world_size=1),
+                Case(f"{lesson}-more-ranks-than-batches", lesson, "--train-samples 1 --test-samples 1 on 2 ranks",
+                     (*base, "--train-samples", "1", "--test-samples", "1"), expect="ok", test_samples=1,
+                     modes=("torchrun",), world_size=2),
+            ]
     return rows
 
 

@@ -13,6 +13,7 @@ SCRIPTS = {
     "04": ROOT / "04_ddp_training" / "mnist_ddpmodel.py",
     "05": ROOT / "05_multigpu_fsdp_training" / "mnist_fsdpmodel.py",
     "06": ROOT / "06_tensor_parallel" / "mnist_tpmodel.py",
+    "07": ROOT / "07_pipeline_parallel" / "mnist_ppmodel.py",
 }
 
 

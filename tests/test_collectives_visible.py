@@ -1,6 +1,6 @@
 """Every collective a lesson runs through `common` is visible at the lesson's call site.
 
-A collective hangs unless every rank calls it, so a learner reading lesson 04 or 05 must see each one: by the
+A collective hangs unless every rank calls it, so a learner reading lesson 04, 05 or 07 must see each one: by the
 call's own name (`meter.all_reduce()`, `barrier=dist.barrier`) or by a comment on the call or directly above it
 ("a collective"). One real 2-rank run of each lesson records, with tests/record_collectives/sitecustomize.py, every
 torch.distributed collective whose stack passes through common/ and the lesson line that called into common.
@@ -97,3 +97,10 @@ def test_lesson_05_marks_every_collective_it_runs_through_common(tmp_path, synth
     assert counts == EVERY_LESSON
     assert {c["through"] for c in calls if c["through"] in FSDP} == FSDP
 
+
+
+def test_lesson_07_marks_every_collective_it_runs_through_common(tmp_path, synthetic_dir):
+    """2 ranks: one pipeline of 2 stages (dp 1, no FSDP). The stages' sends and receives are torch's own
+    (PipelineStage), not common's: the recording holds what every lesson has, each rank as often."""
+    calls = check_lesson("07", record("07", tmp_path, synthetic_dir))
+    assert Counter((c["collective"], c["through"]) for c in calls) == EVERY_LESSON

@@ -27,7 +27,9 @@ if _FOLDER:
     _COURSE = Path(__file__).resolve().parents[2]
     _COMMON = _COURSE / "common"
     # Every collective function of torch.distributed, whatever this torch version adds (all_gather_single, ...).
-    _PATTERN = r"(all_|reduce|broadcast|gather|scatter|barrier|monitored_barrier|i?send|i?recv|batch_isend)"
+    # Not isend and irecv: dist.P2POp takes them as values and checks which one it got (lesson 07's PipelineStage);
+    # a pipeline's sends and receives still pass through batch_isend_irecv.
+    _PATTERN = r"(all_|reduce|broadcast|gather|scatter|barrier|monitored_barrier|send|recv|batch_isend)"
     _NAMES = [name for name, value in vars(dist).items()
               if callable(value) and not isinstance(value, type) and re.match(_PATTERN, name)]
     _calls, _inside = [], threading.local()

@@ -1,0 +1,48 @@
+"""Lesson 07, exercise 2: a schedule divides the gradients by the number of micro-batches, unless scale_grads=False.
+
+    python 07_pipeline_parallel/solutions/scale_grads.py
+
+The loss function runs once per micro-batch and returns that micro-batch's MEAN loss; backward adds the m
+micro-batches' gradients into .grad, which makes m times the gradient of the whole batch's mean loss. At the end of
+step() the schedule divides them by m (scale_grads=True, the default: ScheduleGPipe._step_microbatches ends with
+stage.perform_reduce_grad(m), which calls stage.scale_grads(m), in torch/distributed/pipelining/): then they equal
+one process's on the whole batch. With scale_grads=False they stay m times larger: right for a loss that
+SUMS (reduction="sum"), m times too large for a mean loss.
+Two gloo processes (common.launcher), the notebook's small model cut in two by hand (pp_workers.by_hand), GPipe,
+4 micro-batches of 2, the same batch and weights both times.
+"""
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
+
+import torch  # noqa: E402
+
+from common.launcher import launch  # noqa: E402
+
+import pp_workers  # noqa: E402
+
+MICROBATCHES = 4
+
+
+def both(microbatches: int) -> dict:
+    """On each rank: one step with the default and one with scale_grads=False, from the same weights."""
+    return {scale: pp_workers.by_hand("gpipe", microbatches, scale_grads=scale, quiet=True) for scale in (True, False)}
+
+
+def main():
+    for rank, runs in enumerate(launch(both, nprocs=2, args=(MICROBATCHES,), timeout_s=120)):
+        scaled, unscaled = runs[True]["grads"], runs[False]["grads"]
+        nonzero = [unscaled[k][scaled[k] != 0] / scaled[k][scaled[k] != 0] for k in scaled]
+        ratios = torch.cat(nonzero).unique().tolist()
+        zero = sum(int((scaled[k] == 0).sum()) for k in scaled)
+        both_zero = all(torch.equal(unscaled[k][scaled[k] == 0], scaled[k][scaled[k] == 0]) for k in scaled)
+        print(f"[rank {rank}] stage {rank}, {', '.join(scaled)}: grad(scale_grads=False) / grad(default) = "
+              f"{ratios} in all {sum(len(x) for x in nonzero)} nonzero elements ({zero} zero in both: {both_zero})")
+        print(f"[rank {rank}] max |grad(default) - one process's| = {runs[True]['diff']:.1e}, "
+              f"max |grad(scale_grads=False) - {MICROBATCHES} x one process's| = {runs[False]['diff']:.1e}")
+    print(f"ratio = the number of micro-batches, {MICROBATCHES}: the default divides by it")
+
+
+if __name__ == "__main__":
+    main()
