@@ -2,8 +2,9 @@
 
     python benchmarks/bench.py --plan                         # the launches, their suites and estimated seconds
     python benchmarks/bench.py --data-dir DIR --reference REF  # all: 8.7 min on 2 H100s at 4ea74ce (before the peer);
-                                                               # 1, 2 and 4 GPUs: 11.7 min by --plan, so two --suite
-                                                               # calls, then --report-only --merge
+                                                               # 1 and 2 GPUs: 10.8 min by --plan, 1, 2 and 4: 14.1
+                                                               # (pp: 2.4), so two --suite calls, then --report-only
+                                                               # --merge
     python benchmarks/bench.py --suite recipe,plain --budget 300
     python benchmarks/bench.py --report-only --merge A.json B.json   # the page again, from rows measured elsewhere
     python benchmarks/bench.py --quick                         # CPU smoke mode (gloo, synthetic, tiny): the tests
@@ -13,10 +14,11 @@ in the throughput suite's launch: lesson 04's scaling against the peer's), scali
 04, seeds 1-5, time to 99%), plain (the plain loop, same seeds and GPUs, each seed's run right after lesson 04's: a
 round of the ratio), dp (lesson 03), tools (the FSDP2 tools, 2 GPUs), overlap (DDP's all_reduce against backward, 2
 GPUs), fsdp_oom (DDP out of memory where FSDP2 trains, 2 capped GPUs, with a memory snapshot of each), tp (lesson
-06: DDP, FSDP2, TP and on 4+ GPUs 2-D, 2+ GPUs), bandwidth (all_reduce per NCCL transport), parity (lesson 02
-against --reference, a pytorch/examples mnist/main.py). One launch per GPU count runs that count's suites in-process
-(benchmarks/worker.py); rows are merged into OUT/benchmarks.json after every launch, keyed by measurement, so a
-killed run keeps what it measured.
+06: DDP, FSDP2, TP and on 4+ GPUs 2-D, 2+ GPUs), pp (lesson 07: the bubble per schedule, and PP against DDP, FSDP2
+and TP on one model and batch, 2+ GPUs; PP and FSDP2 again over NCCL's sockets, 2 GPUs), bandwidth (all_reduce per
+NCCL transport), parity (lesson 02 against --reference, a pytorch/examples mnist/main.py). One launch per GPU count
+runs that count's suites in-process (benchmarks/worker.py); rows are merged into OUT/benchmarks.json after every
+launch, keyed by measurement, so a killed run keeps what it measured.
 """
 from __future__ import annotations
 
@@ -36,9 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import report  # noqa: E402
 
-SUITES = ("throughput", "peer", "scaling", "recipe", "plain", "dp", "tools", "overlap", "fsdp_oom", "tp", "bandwidth",
-          "parity")
+SUITES = ("throughput", "peer", "scaling", "recipe", "plain", "dp", "tools", "overlap", "fsdp_oom", "tp", "pp",
+          "bandwidth", "parity")
 START_S = 15  # a launch: Python, torch, CUDA and NCCL, the data (2x H100, c3cd817)
+# NCCL over its sockets only (troubleshooting/nccl_transports.sh: ~3 GB/s against ~300 GB/s peer to peer on 2x H100):
+# a stand-in for a slow link between nodes. NCCL reads it when a process starts: the pp suite's launch of its own.
+SOCKETS = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
+PP_SOCKETS_S = 20  # a guess until measured: FSDP2's 6 steps at ~1.3 s, PP's at milliseconds, two builds
 
 
 def estimate(suite: str, n: int) -> float:
@@ -51,6 +57,7 @@ def estimate(suite: str, n: int) -> float:
             "scaling": (1 if n == 1 else 2) * (run + 6 * device), "recipe": 5 * (run + 6 * device),
             "plain": 3 + 5 * (1 + 6 * 0.8 * device), "dp": 15, "tools": 60, "overlap": 10,
             "fsdp_oom": START_S + 35, "tp": 20, "bandwidth": 3 * 12,  # 868b4f0, 2x H100: 60, 42, 32, 33 s
+            "pp": 40,  # a guess until measured: lesson 06's four builds (tp: 20 s for three), six bubble runs
             "parity": 150}[suite]  # the reference's single-worker DataLoader: 117 s (868b4f0) to 167 s (d0e260e)
 
 
@@ -71,6 +78,11 @@ def plan(suites, gpus: list[int], reference: str | None) -> list[dict]:
     # (SIGSEGV, torch 2.11, 2x H100); in a fresh process, as a learner runs it, it did not (d0e260e).
     out += [{"name": f"tp-{n}", "kind": "worker", "gpus": n, "visible": n, "suites": ["tp"],
              "seconds": START_S + estimate("tp", n)} for n in gpus if n > 1 and "tp" in suites]
+    out += [{"name": f"pp-{n}", "kind": "worker", "gpus": n, "visible": n, "suites": ["pp"],
+             "seconds": START_S + estimate("pp", n)} for n in gpus if n > 1 and "pp" in suites]
+    if "pp" in suites and pair:
+        out.append({"name": "pp-socket-2", "kind": "worker", "gpus": 2, "visible": 2, "suites": ["pp"], "env": SOCKETS,
+                    "seconds": START_S + PP_SOCKETS_S})
     if "fsdp_oom" in suites and pair:
         out.append({"name": "fsdp_oom-2", "kind": "worker", "gpus": 2, "visible": 2, "suites": ["fsdp_oom"],
                     "capped": True, "seconds": estimate("fsdp_oom", 2)})
@@ -111,9 +123,10 @@ def run_worker(job, args, scratch: Path, timeout: float) -> tuple[str, list]:
     rows = scratch / f"{job['name']}.jsonl"
     spec = {"suites": job["suites"], "quick": args.quick, "data": args.data, "data_dir": args.data_dir,
             "rows": str(rows), "out": str(args.out), "scratch": str(scratch / job["name"]),
-            "cap_gib": 6.0 if job.get("capped") else None}
+            "cap_gib": 6.0 if job.get("capped") else None, "env": job.get("env")}
     (scratch / f"{job['name']}.json").write_text(json.dumps(spec))
-    env = {**env_for(job["visible"], args.quick), "DIST_TIMEOUT_SECONDS": "120"}  # a hung collective fails in 2 min
+    env = {**env_for(job["visible"], args.quick), "DIST_TIMEOUT_SECONDS": "120",  # a hung collective fails in 2 min
+           **job.get("env", {})}
     status = call(torchrun(job["gpus"]) + ["benchmarks/worker.py", scratch / f"{job['name']}.json"],
                   env, args.out / "bench.log", timeout)
     return status, [json.loads(line) for line in rows.read_text().splitlines()] if rows.exists() else []

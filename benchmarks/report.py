@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks import against, memory, plots, tables
+from benchmarks import against, memory, pipeline, plots, tables
 
 SECTIONS = (tables.speed, against.scaling, against.time_to_99, tables.fsdp_memory, tables.tools,
-            tables.tensor_parallel, tables.communication)
+            tables.tensor_parallel, pipeline.section, tables.communication)
 KEY_FIELDS = ("suite", "program", "gpus", "variant", "seed", "tools", "width", "blocks", "hidden", "data", "quick")
 
 
@@ -49,6 +49,7 @@ def write(out: Path, rows: list[dict]) -> None:
     cap = next((r.get("cap_gib") for r in rows if r["suite"] == "fsdp_oom" and r.get("cap_gib")), None)
     at = lines.index("## Tools") if "## Tools" in lines else len(lines)
     lines[at:at] = memory.section(out, cap)
+    pipeline.draw(out, rows)  # its pictures sit in its section's lines already
     for name, caption in plots.write_all(out, rows):
         lines.insert(lines.index(f"## {caption}") + 2, f"![{name}]({name}.png)\n")
     (out / "benchmarks.md").write_text("\n".join(lines).rstrip() + "\n")

@@ -10,6 +10,7 @@ import contextlib
 import io
 import shutil
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -56,6 +57,19 @@ QUICK_TOOLS = ("blocks=4;batch_size=16;hidden=64;steps=2;tools=ddp,fsdp|blocks=4
 # data-parallel rank; DDP, FSDP2, TP and (4+ GPUs) 2-D one after the other (06_tensor_parallel/tp_gpu_bench.py).
 TP = {"blocks": 4, "hidden": 4096, "batch_size": 64, "warmup": 5, "steps": 20, "profiled_steps": 5, "seed": 1}
 QUICK_TP = {"blocks": 1, "hidden": 64, "batch_size": 8, "warmup": 1, "steps": 2, "profiled_steps": 1, "seed": 1}
+# Lesson 07 on GPUs (07_pipeline_parallel/pp_gpu_bench.py): PP (1F1B, 8 micro-batches of 128) against DDP, FSDP2 and
+# TP on the tp suite's TPNet, one GLOBAL batch of 1,024 images for all four; over NCCL's sockets (launch pp-socket-2)
+# FSDP2 and PP only, FSDP2 moving ~3.5 GB a step at ~3 GB/s: fewer steps. Then the bubble of each schedule
+# (bubble.py) on lesson 07's Net, 8,192 images a step: a micro-batch of 1,024-2,048 images computes for milliseconds
+# per stage, long against the schedule's own overhead. zb last: a failure inside its step could stop the launch
+# (pp_gpu_bench.attempt), after every other row is written.
+PP = {**TP, "batch_size": 1024, "warmup": 3, "steps": 10, "profiled_steps": 1, "schedule": "1f1b", "microbatches": 8}
+PP_SOCKETS = {"warmup": 2, "steps": 3}
+QUICK_PP = {**QUICK_TP, "blocks": 2, "batch_size": 16, "schedule": "1f1b", "microbatches": 4}
+BUBBLE = {"steps": 3, "blocks": 16, "hidden": 4096, "batch": 8192}
+BUBBLE_RUNS = (("gpipe", 4), ("gpipe", 8), ("1f1b", 4), ("1f1b", 8), ("interleaved", 8), ("zb", 8))
+QUICK_BUBBLE = {"steps": 2, "blocks": 4, "hidden": 32, "batch": 16}
+QUICK_BUBBLE_RUNS = (("gpipe", 4), ("1f1b", 4), ("interleaved", 4), ("zb", 4))
 
 
 def throughput(L: Launch) -> None:
@@ -221,7 +235,34 @@ def tp(L: Launch) -> None:
                    batch=args.batch_size, busbw=busbw, parameters=tp_gpu_bench.parameters(args), **row)
 
 
+def pp(L: Launch) -> None:
+    """Lesson 07: PP against DDP, FSDP2 and TP on one model and global batch, at this launch's NCCL transport (the
+    spec's env); at the default one, the bubble of each schedule too."""
+    sys.path.insert(0, str(ROOT / "07_pipeline_parallel"))
+    import bubble
+    import pp_gpu_bench
+    env = L.spec.get("env") or {}
+    args = argparse.Namespace(**(QUICK_PP if L.quick else {**PP, **(PP_SOCKETS if env else {})}))
+    needed = (args.warmup + args.steps + args.profiled_steps) * args.batch_size
+    train = load_mnist(L.spec["data_dir"], L.spec["data"], needed, 100, seed=args.seed, download=False)[0]
+    transport = "sockets" if env else "default"  # the env itself goes in the row
+    size = {"blocks": args.blocks, "hidden": args.hidden, "parameters": pp_gpu_bench.tp_gpu_bench.parameters(args)}
+    with L.group("pp"):
+        busbw = pp_gpu_bench.tp_gpu_bench.bus_bandwidth(L.device, L.world, 2**20 if L.quick else 64 * 2**20)
+        for strategy in ("fsdp2", "pp") if env else ("ddp", "fsdp2", "tp", "pp"):
+            row = pp_gpu_bench.attempt(partial(pp_gpu_bench.compare, strategy, args, L.device, L.world, train, busbw),
+                                       strategy=strategy)
+            L.emit("pp", program="compare", variant=f"{strategy} {transport}", transport=transport,
+                   nccl_env=" ".join(f"{k}={v}" for k, v in env.items()), **size,
+                   batch=args.batch_size, warmup=args.warmup, steps=args.steps, busbw=busbw, **row)
+        settings = QUICK_BUBBLE if L.quick else BUBBLE
+        for schedule, microbatches in () if env else QUICK_BUBBLE_RUNS if L.quick else BUBBLE_RUNS:
+            row = pp_gpu_bench.attempt(partial(bubble.measure, schedule, microbatches, L.device, **settings),
+                                       schedule=schedule, microbatches=microbatches, pp=L.world)
+            L.emit("pp", program="bubble", variant=f"{schedule} m{microbatches}", **settings, **row)
+
+
 SUITES = {"throughput": throughput, "peer": peer, "scaling": scaling, "recipe": recipe, "plain": plain, "dp": dp,
-          "tools": tools, "overlap": ddp_overlap, "fsdp_oom": fsdp_oom, "tp": tp}
+          "tools": tools, "overlap": ddp_overlap, "fsdp_oom": fsdp_oom, "tp": tp, "pp": pp}
 
 

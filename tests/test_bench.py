@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import bench, memory, report, tables  # noqa: E402
 
 SECTIONS = ("## Speed", "## Scaling", "## Time to 99%", "## FSDP2 memory", "## Tools", "## Tensor parallelism",
-            "## Communication")
+            "## Pipeline parallelism", "## Communication")
 FAKE_REFERENCE = """import argparse
 p = argparse.ArgumentParser()
 p.add_argument("--seed", type=int)
@@ -34,11 +34,12 @@ def test_quick_mode_runs_every_suite_and_writes_rows_page_and_plots(synthetic_di
                            str(out), "--reference", str(tmp_path / "main.py")],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count(": ok,") == 6, proc.stdout  # 2 workers, lesson 06's, the capped one, bandwidth, parity
+    assert proc.stdout.count(": ok,") == 8, proc.stdout  # 2 workers, lesson 06's, lesson 07's two, the capped one,
+    # bandwidth, parity
     rows = json.loads((out / "benchmarks.json").read_text())["rows"]
     count = {s: sum(r["suite"] == s for r in rows) for s in bench.SUITES}
     assert count == {"throughput": 8, "peer": 2, "scaling": 3, "recipe": 2, "plain": 2, "dp": 1, "tools": 8,
-                     "overlap": 4, "fsdp_oom": 2, "tp": 3, "bandwidth": 1, "parity": 2}, count
+                     "overlap": 4, "fsdp_oom": 2, "tp": 3, "pp": 10, "bandwidth": 1, "parity": 2}, count
     assert all(r["quick"] and r["data"] == "synthetic" and r["device_name"] == "CPU" for r in rows)
     for r in rows:  # what a row says about its epochs is what its epochs say
         if "epoch_seconds" in r and "accuracy" in r:
@@ -54,12 +55,30 @@ def test_quick_mode_runs_every_suite_and_writes_rows_page_and_plots(synthetic_di
     peer = sorted((r for r in rows if r["suite"] == "peer"), key=lambda r: r["gpus"])  # 256 images, batch 16: 8 steps
     assert [(r["gpus"], r["steps_per_epoch"], len(r["epoch_seconds"])) for r in peer] == [(1, 16, 1), (2, 8, 1)]
     assert all(r["images_per_second"] > 0 and 0 <= r["test_accuracy"] <= 1 for r in peer)
+    pp = {r["variant"]: r for r in rows if r["suite"] == "pp"}  # lesson 07: 2 processes, and 2 over "sockets"
+    assert sorted(pp) == sorted([f"{s} default" for s in ("ddp", "fsdp2", "tp", "pp")] + ["fsdp2 sockets", "pp sockets"]
+                                + [f"{s} m4" for s in ("gpipe", "1f1b", "interleaved", "zb")])
+    compare = [r for r in pp.values() if r["program"] == "compare"]
+    assert len({(r["parameters"], r["batch"]) for r in compare}) == 1  # one model, one global batch, every strategy
+    assert all(abs(r["images_per_s"] * r["s_per_step"] - r["batch"]) < 1e-6 and r["busbw"] > 0 for r in compare)
+    assert {r["nccl_env"] for r in compare} == {"", "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1"}  # the launch's own env
+    bubble = {r["schedule"]: r for r in pp.values() if r["program"] == "bubble"}
+    assert all("error" not in r and len(r["timelines"]) == 2 and 0 <= r["idle_measured"] <= 1 for r in bubble.values())
+    assert bubble["gpipe"]["held_microbatches"] == [4, 4] and bubble["1f1b"]["held_microbatches"] == [2, 1]
 
     page = (out / "benchmarks.md").read_text()
     assert page.startswith("# Benchmarks (CPU SMOKE MODE")
     assert all(section in page for section in SECTIONS) and "_Not measured" not in page
     measured = [line for line in page.splitlines() if line.startswith("_Measured on")]
-    assert len(measured) == 15 and all("CPU smoke mode: not a result" in line for line in measured)
+    assert len(measured) == 18 and all("CPU smoke mode: not a result" in line for line in measured)
+    pipeline = page.split("## Pipeline parallelism")[1].split("\n## ")[0]
+    for head in ("| GPUs | schedule | micro-batches | s/step | idle measured (per rank) | idle predicted | peak MiB per "
+                 "GPU | held micro-batches | status |", "| GPUs | NCCL | strategy | s/step | images/s | peak MiB per GPU "
+                 "| wire MB/step | bus GB/s |", "| GPUs | strategy | wire MB/step | s/step default | s/step sockets | "
+                 "sockets / default | bus GB/s default | bus GB/s sockets |"):
+        assert head in pipeline
+    assert len([line for line in pipeline.splitlines() if line.startswith("| 2 |")]) == 4 + 6 + 2 and \
+        "| 2 | gpipe | 4 |" in pipeline and "| 2 | sockets | pp |" in pipeline and "| 2 | fsdp2 | 4.05 |" in pipeline
     peer_table = page.split("### Lesson 04 against a hand-written DDP loop")[1].split("\n### ")[0]
     assert "| GPUs | GPU | lesson 04 images/s | lesson 04 scaling | peer images/s | peer scaling | lesson 04 / peer " \
            "scaling | peer test accuracy | target |" in peer_table  # lesson 04 and the peer side by side, one run
@@ -73,7 +92,7 @@ def test_quick_mode_runs_every_suite_and_writes_rows_page_and_plots(synthetic_di
     assert len(step) == 2 and all(line.endswith("| too few rounds (1 of 3) |") for line in step), step
     ratio = next(line for line in page.splitlines() if line.startswith("| 2 | CPU | 16x0.01 | 1 | 1 |"))
     assert "| both missed 99% | - | - | no ratio" in ratio  # a tiny run's round: listed, not dropped
-    for name in ("throughput", "time_to_99", "fsdp_memory", "bandwidth", "ddp_overlap"):
+    for name in ("throughput", "time_to_99", "fsdp_memory", "bandwidth", "ddp_overlap", "pp_bubble_2"):
         assert (out / f"{name}.png").stat().st_size > 5000 and f"![{name}]({name}.png)" in page
 
 
@@ -81,17 +100,20 @@ def test_plan_fits_ten_minute_calls_and_runs_nothing(tmp_path, capsys):
     (tmp_path / "main.py").write_text(FAKE_REFERENCE)
     bench.main(["--plan", "--gpus", "1,2", "--reference", str(tmp_path / "main.py"), "--out", str(tmp_path / "o")])
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[2] for line in lines[:-1]] == ["worker-1:", "worker-2:", "tp-2:", "fsdp_oom-2:",
-                                                       "bandwidth-2:", "parity:"]
-    # One 10-minute GPU call measures everything (its measured time: the docstring of benchmarks/bench.py)
-    assert sum(float(line.split()[0]) for line in lines[:-1]) <= 9.5 * 60
+    assert [line.split()[2] for line in lines[:-1]] == ["worker-1:", "worker-2:", "tp-2:", "pp-2:", "pp-socket-2:",
+                                                       "fsdp_oom-2:", "bandwidth-2:", "parity:"]
+    # One 10-minute GPU call measures everything but lesson 07 (the docstring of benchmarks/bench.py), whose launches
+    # on 2 and 4 GPUs and over sockets take at most 150 s: a call of their own, or the second call below
+    seconds = {line.split()[2]: float(line.split()[0]) for line in lines[:-1]}
+    assert sum(s for name, s in seconds.items() if not name.startswith("pp-")) <= 9.5 * 60
     assert not (tmp_path / "o").exists()
     bench.main(["--plan", "--gpus", "1,2,4"])  # more GPUs add a launch and rows; no --reference, no parity
     text = capsys.readouterr().out
-    assert all(f"{name}-4:" in text for name in ("worker", "tp", "bandwidth")) and "parity skipped: no --reference" in text
+    assert all(f"{name}-4:" in text for name in ("worker", "tp", "pp", "bandwidth")) and "parity skipped: no --reference" in text
+    assert sum(float(line.split()[0]) for line in text.splitlines() if " pp-" in line) <= 150  # pp-2, pp-4, pp-socket-2
     assert "worker-4: recipe, plain, throughput, peer, scaling\n" in text  # every suite that runs on 4 GPUs
     # A 4-GPU host: every suite on 1, 2 and 4 GPUs in two 10-minute calls (merged with --report-only --merge)
-    calls = ("recipe,plain,throughput,peer,scaling,dp,tools,overlap", "tp,fsdp_oom,bandwidth,parity")
+    calls = ("recipe,plain,throughput,peer,scaling,dp,tools,overlap", "tp,pp,fsdp_oom,bandwidth,parity")
     assert sorted(",".join(calls).split(",")) == sorted(bench.SUITES)
     for suites in calls:
         bench.main(["--plan", "--gpus", "1,2,4", "--suite", suites, "--reference", str(tmp_path / "main.py")])
