@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # this folder, also when this file is imported from elsewhere
 
 import torch
 import torch.distributed as dist

@@ -13,7 +13,8 @@ import socket
 import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # common, stages
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # stages.py, also when this file is imported from elsewhere
 
 import torch
 import torch.distributed as dist
