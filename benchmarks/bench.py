@@ -1,9 +1,9 @@
 """Every benchmark of the course, one runner: measure on 1..N GPUs, then write docs/benchmarks.md, .json and plots.
 
     python benchmarks/bench.py --plan                         # the launches, their suites and estimated seconds
-    python benchmarks/bench.py --data-dir DIR --reference REF  # all: 8.7 min on 2 H100s at 4ea74ce (before the peer);
-                                                               # 1 and 2 GPUs: 10.8 min by --plan, 1, 2 and 4: 14.1
-                                                               # (pp: 2.4), so two --suite calls, then --report-only
+    python benchmarks/bench.py --data-dir DIR --reference REF  # all; on 4 H100s at a2e8514 (1, 2 and 4 GPUs) it took
+                                                               # three --suite calls (6.2, 6.8 and 3.0 min: one call
+                                                               # of the device tool ends at 10), then --report-only
                                                                # --merge
     python benchmarks/bench.py --suite recipe,plain --budget 300
     python benchmarks/bench.py --report-only --merge A.json B.json   # the page again, from rows measured elsewhere
