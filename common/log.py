@@ -17,10 +17,11 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def log0(*args, **kwargs) -> None:
-    """print() on the main process only, flushed so it shows up in Slurm logs right away."""
+def log0(*args, sep=" ", end="\n", **kwargs) -> None:
+    """print() on the main process only, flushed so it shows up in Slurm logs right away; text and end in ONE
+    write, as write_line() does, so another rank's line cannot land between them."""
     if is_main_process():
-        print(*args, flush=True, **kwargs)
+        print(sep.join(map(str, args)) + end, end="", flush=True, **kwargs)
 
 
 def write_line(line: str) -> None:
