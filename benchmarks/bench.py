@@ -2,9 +2,8 @@
 
     python benchmarks/bench.py --plan                         # the launches, their suites and estimated seconds
     python benchmarks/bench.py --data-dir DIR --reference REF  # all; on 4 H100s at a2e8514 (1, 2 and 4 GPUs) it took
-                                                               # three --suite calls (6.2, 6.8 and 3.0 min: one call
-                                                               # of the device tool ends at 10), then --report-only
-                                                               # --merge
+                                                               # three --suite calls of 6.2, 6.8 and 3.0 min (each
+                                                               # under a 10-minute limit), then --report-only --merge
     python benchmarks/bench.py --suite recipe,plain --budget 300
     python benchmarks/bench.py --report-only --merge A.json B.json   # the page again, from rows measured elsewhere
     python benchmarks/bench.py --quick                         # CPU smoke mode (gloo, synthetic, tiny): the tests
