@@ -6,7 +6,8 @@ sends its activations to the next one and gets their gradients back (point-to-po
 (--pp-schedule) orders the micro-batches' forwards and backwards, and the ranks idle while the pipeline fills and
 drains: the bubble. The ranks of a pipeline read the SAME batch. From the course folder:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 07_pipeline_parallel/mnist_ppmodel.py \
-        --pp-schedule 1f1b --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --num-workers 0
+        --pp-schedule 1f1b --data synthetic --train-samples 6000 --test-samples 500 --epochs 2 --num-workers 0 \
+        --lr 0.5
 """
 import signal
 import socket
