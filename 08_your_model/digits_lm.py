@@ -1,9 +1,11 @@
-r"""Lesson 08: a Hugging Face transformer, sharded: a Llama that draws digits, trained with FSDP2 on MNIST.
+r"""Lesson 08: a Hugging Face transformer, sharded: a decoder that draws digits, trained with FSDP2 on MNIST.
 
-An image is 197 tokens: its class (16 + digit), then its 14x14 pixels row by row, in 16 gray levels (tokens 0-15).
-`LlamaForCausalLM`, built from configs/digits_lm.json on the meta device (no download), learns p(pixels | digit):
-`fully_shard` per decoder layer, then the root; bf16 compute, fp32 gradient reduction (--dtype float32: all fp32).
-A DCP checkpoint every epoch resumes on any number of ranks; --export: `save_pretrained`; --draw: digits.png.
+An image is 197 tokens: its class (16 + digit), then its 14x14 pixels (digits_data.py). A Hugging Face decoder (Llama,
+Qwen2, Mistral, ...), built from configs/digits_lm.json on the meta device (no download), or from a save_pretrained
+folder (--pretrained, read shard by shard: hf_shards.py), learns p(pixels | digit): `fully_shard` per decoder layer,
+then the root; bf16 compute, fp32 gradient reduction (--dtype float32: all fp32). A DCP checkpoint every epoch
+(--async-checkpoint: written while training goes on) resumes on any number of ranks; --export: a from_pretrained
+folder that every rank writes its part of (hf_export.py); --draw: digits.png.
 From the course folder:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 08_your_model/digits_lm.py \
         --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --export runs/08_digits_lm_hf --draw
@@ -11,9 +13,11 @@ From the course folder:
 import json
 import socket
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # this folder's modules, also when imported from elsewhere
 
 import torch
 import torch.distributed as dist
@@ -21,14 +25,11 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from huggingface_hub.errors import StrictDataclassError
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, \
-    set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
-from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.utils import logging as hf_logging
+from torch.utils.data import DataLoader, DistributedSampler
+from transformers import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from common.checkpoints import CheckpointDir
 from common.cli import Parser, count, positive_float, positive_int
@@ -42,81 +43,37 @@ from common.history import History
 from common.log import log0, log_all
 from common.position import Position
 from common.samplers import EvalSampler
+from digits_data import LEVELS, PIXELS, draw, pixel_tokens
+from flops import mfu
+from hf_export import export
+from hf_shards import build_model, init_weights, load_pretrained
 
 LESSON = "08_your_model/digits_lm"
-LEVELS, PIXELS = 16, 14 * 14  # tokens 0-15: the gray levels; 16-25: the digit's class
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DEFAULT_CONFIG = "08_your_model/configs/digits_lm.json"
 
 
-def read_config(path) -> LlamaConfig:
-    """The model's LlamaConfig from a Hugging Face config.json: a file of our own, nothing is downloaded."""
+def read_config(path, flag: str):
+    """A decoder's config from a Hugging Face config.json (a file, or a folder holding one): nothing is downloaded."""
+    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     try:
-        values = json.loads(Path(path).read_text())
+        values = json.loads(file.read_text())
     except OSError as exc:
-        raise CourseError(f"--model-config {path}: {exc.strerror}: check the path") from None
+        raise CourseError(f"{flag} {path}: {exc.strerror}: check the path") from None
     except ValueError as exc:  # JSONDecodeError, or bytes that are not text at all
-        raise CourseError(f"--model-config {path} is not JSON ({one_line(exc, 120)}): pass a config.json") from None
-    if not isinstance(values, dict) or values.get("model_type") != "llama":
-        raise CourseError(f'--model-config {path}: not a Llama config (it needs "model_type": "llama")')
+        raise CourseError(f"{flag} {path} is not JSON ({one_line(exc, 120)}): pass a config.json") from None
+    kind = values.get("model_type") if isinstance(values, dict) else None
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise CourseError(f'{flag} {path}: "model_type" {kind!r} is not a decoder transformers knows '
+                          f'(e.g. "llama", "qwen2", "mistral")')
     try:
-        config = LlamaConfig.from_dict(values)
+        config = CONFIG_MAPPING[kind].from_dict(values)
     except (StrictDataclassError, TypeError, ValueError) as exc:  # transformers checks the values' types and shapes
-        raise CourseError(f"--model-config {path}: {one_line(exc, 200)}") from None
+        raise CourseError(f"{flag} {path}: {one_line(exc, 200)}") from None
     if config.vocab_size < LEVELS + 10:
-        raise CourseError(f"--model-config {path}: vocab_size {config.vocab_size} is too small for 16 gray levels "
+        raise CourseError(f"{flag} {path}: vocab_size {config.vocab_size} is too small for 16 gray levels "
                           f"and 10 classes: at least 26")
     return config
-
-
-def pixel_tokens(dataset) -> TensorDataset:
-    """MNIST images (MNISTFiles, or load_mnist's Subset of it) as rows of 197 tokens: the class, then 196 pixels."""
-    indices = torch.arange(len(dataset))
-    while isinstance(dataset, Subset):  # back to the raw uint8 images, not the normalised items
-        indices, dataset = torch.as_tensor(dataset.indices)[indices], dataset.dataset
-    images = F.avg_pool2d(dataset.data[indices].unsqueeze(1).float(), 2)  # 28x28 -> 14x14, still 0-255
-    pixels = images.flatten(1).div(256 / LEVELS).long()  # 16 gray levels, 0-15
-    return TensorDataset(torch.cat([LEVELS + dataset.targets[indices, None], pixels], dim=1))
-
-
-def build_model(config, mesh, dtype):
-    """The Llama on the meta device, sharded: still no memory and no values anywhere."""
-    with torch.device("meta"):  # shapes only: no rank ever holds the whole model
-        model = LlamaForCausalLM(config)
-    # bfloat16: the gathered weights and the compute in bf16; gradients reduced and master shards kept in fp32.
-    mp_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    for layer in model.model.layers:  # one unit per decoder layer: all-gathered just before it runs, then freed
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy)  # the root: embeddings, final norm, lm_head (tied or not)
-    return model
-
-
-@torch.no_grad()
-def init_weights(model, config, seed: int) -> None:
-    """What one process gets from to_empty, `torch.manual_seed(seed)` and the model's own init_weights(), one module
-    at a time, each rank keeping its piece: the same model on any number of ranks. (DTensor's random ops on a CPU
-    mesh warn, and draw the same numbers on every rank for its own piece.)"""
-    with torch.device("meta"):
-        twin = LlamaForCausalLM(config)  # an unsharded twin, shapes only
-    names = {module: name for name, module in twin.named_modules()}
-    filled = set()  # the tensors already initialised: a tied lm_head.weight IS the embedding
-    torch.manual_seed(seed)
-
-    def init(full):  # module.apply's order, children first: the order of transformers' initialize_weights
-        full.to_empty(device="cpu", recurse=False)  # this module's full tensors for a moment, never the whole model
-        twin._init_weights(full)  # transformers' own: normal(0, initializer_range), norms at 1, rotary frequencies
-        mine = model.get_submodule(names[full])
-        for key, value in [*full.named_parameters(recurse=False), *full.named_buffers(recurse=False)]:
-            target = getattr(mine, key)
-            if id(target) in filled:  # tied: keeps the embedding's values, as transformers' tie_weights() does
-                continue
-            filled.add(id(target))
-            if isinstance(target, DTensor):  # a sharded parameter: cut my piece, no messages (buffers are whole)
-                value = distribute_tensor(value, target.device_mesh, target.placements, src_data_rank=None).to_local()
-                target = target.to_local()
-            target.copy_(value)
-        full.to_empty(device="meta", recurse=False)  # and free it
-
-    twin.apply(init)
 
 
 def next_pixel_logits(model, tokens):
@@ -162,13 +119,43 @@ def checkpoint_state(model, optimizer, position, history, checkpoints) -> dict:
             "history": history.state_dict(), "run": checkpoints.run}
 
 
-def save_checkpoint(path, model, optimizer, position, history, checkpoints) -> None:
-    scratch = path.with_name(path.name + ".tmp")
-    dcp.save(checkpoint_state(model, optimizer, position, history, checkpoints), checkpoint_id=scratch)  # every rank
-    dist.barrier()  # every rank's shards are on disk
-    if dist.get_rank() == 0:
-        replace_folder(scratch, path)  # only a complete checkpoint gets the name
-    dist.barrier()
+class Saver:
+    """A DCP checkpoint per epoch: dcp.save (training waits for the files), or with --async-checkpoint dcp.async_save,
+    which copies the state to host memory and returns; a thread writes the files while training goes on. Either way
+    the files go to NAME.tmp, and only a finished checkpoint is renamed to its name: a crash leaves the previous one."""
+
+    def __init__(self, checkpoints, asynchronous: bool):
+        self.checkpoints, self.pending = checkpoints, None  # pending: (the future, its scratch folder, its name)
+        # async_save's messages travel on a gloo group of their own, off the training's (NCCL on GPUs; and gloo's
+        # collectives must not interleave with the writer thread's): DCP needs a CPU backend for async_save.
+        self.group = dist.new_group(backend="gloo") if asynchronous else None
+
+    def save(self, path: Path, state: dict) -> None:
+        self.wait()  # the previous checkpoint first: one write at a time, and its rename before the next save
+        scratch, start = path.with_name(path.name + ".tmp"), time.perf_counter()
+        if self.group is None:
+            dcp.save(state, checkpoint_id=scratch)  # every rank writes its shards; returns when all are on disk
+            self.pending = (None, scratch, path)
+            self.wait()
+        else:
+            future = dcp.async_save(state, checkpoint_id=scratch, process_group=self.group)  # staged: returns
+            self.pending = (future, scratch, path)
+        how = "dcp.async_save: written in the background" if self.group else "dcp.save"
+        log0(f"checkpoint {path.name}: training waited {time.perf_counter() - start:.3f} s ({how})")
+
+    def wait(self) -> None:
+        """Before the next save and before exit: the pending write finishes, then it gets its name."""
+        if self.pending is None:
+            return
+        future, scratch, path = self.pending
+        self.pending = None
+        if future is not None:
+            future.result()  # this rank's files, and rank 0's .metadata once every rank wrote: DCP's finish step
+        dist.barrier()  # every rank's shards are on disk
+        if dist.get_rank() == 0:
+            replace_folder(scratch, path)  # only a complete checkpoint gets the name
+        self.checkpoints.prune(path)
+        dist.barrier()
 
 
 def load_checkpoint(path, model, optimizer, position, history, checkpoints) -> None:
@@ -183,53 +170,38 @@ def load_checkpoint(path, model, optimizer, position, history, checkpoints) -> N
     history.load_state_dict(state["history"], position.epoch)
 
 
-@torch.no_grad()
-def draw(model, temperature: float, seed: int, path: Path) -> None:
-    """One digit per class, pixel after pixel from the class token, each gray level sampled at `temperature`."""
-    import matplotlib
-    matplotlib.use("Agg")  # no display on compute nodes
-    import matplotlib.pyplot as plt
-
-    generator = torch.Generator().manual_seed(seed)
-    tokens = LEVELS + torch.arange(10)[:, None]  # the 10 class tokens
-    for _ in range(PIXELS):  # the whole sequence again at each pixel: 196 small forwards, no cache to manage
-        logits = model(input_ids=tokens, use_cache=False).logits[:, -1, :LEVELS].float()  # gray levels only
-        level = torch.multinomial(F.softmax(logits / temperature, dim=-1), 1, generator=generator)
-        tokens = torch.cat([tokens, level], dim=1)
-    fig, axes = plt.subplots(1, 10, figsize=(10, 1.4))
-    for digit, ax in enumerate(axes):
-        ax.imshow(tokens[digit, 1:].reshape(14, 14), cmap="gray", vmin=0, vmax=LEVELS - 1)
-        ax.set(title=str(digit), xticks=[], yticks=[])
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    log0(f"drawn: {path} (one digit per class, temperature {temperature})")
-
-
 def finish(model, config, args, device) -> None:
-    """After training: the reference logits, then the full weights on rank 0 for --export and --draw."""
+    """After training: the reference logits, then --export (every rank writes its part) and --draw (sharded)."""
     check = torch.cat([LEVELS + torch.arange(10)[:, None], torch.arange(PIXELS).remainder(LEVELS).expand(10, -1)], 1)
     model.eval()
     with torch.no_grad():  # a fixed input through the trained model; every rank runs it: FSDP gathers inside forward
         logits = model(input_ids=check.to(device), use_cache=False).logits.float().cpu()
-    # Every rank takes part (all-gathers); rank 0 receives the full tensors, on its CPU, the others an empty dict.
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if dist.get_rank() != 0:
-        return
-    plain = LlamaForCausalLM(config).eval()  # a plain model on the CPU: no FSDP, no process group needed
-    plain.load_state_dict(full)  # both names of the tied embedding carry the same tensor
     if args.export:
-        hf_logging.disable_progress_bar()  # save_pretrained's bar over its one file: noise in a log
-        plain.save_pretrained(args.export)  # config.json + model.safetensors (the tied lm_head.weight stored once)
-        atomic_save({"input_ids": check, "logits": logits, "dtype": args.dtype}, f"{args.output_dir}/export_check.pt")
-        log0(f"exported: {args.export} (from_pretrained loads it); {args.output_dir}/export_check.pt: its logits")
+        export(model, config, args.export, DTYPES[args.export_dtype])  # no rank gathers the model
+        if dist.get_rank() == 0:
+            atomic_save({"input_ids": check, "logits": logits, "dtype": args.dtype, "export_dtype": args.export_dtype},
+                        f"{args.output_dir}/export_check.pt")
+        log0(f"exported: {args.export} ({args.export_dtype}; from_pretrained loads it); "
+             f"{args.output_dir}/export_check.pt: its logits")
     if args.draw:
-        draw(plain, args.temperature, args.seed, Path(args.output_dir) / "digits.png")
+        draw(model, args.temperature, args.seed, Path(args.output_dir) / "digits.png", device)
+
+
+def rates(train_stats: dict, config, parameters: int, device) -> str:
+    """More of the epoch line: tokens per second (196 a sequence), and on a GPU the MFU (flops.py)."""
+    tokens = train_stats["images_per_second"] * PIXELS
+    if device.type != "cuda":
+        return f" | {tokens:,.0f} tokens/s"
+    used = mfu(tokens, dist.get_world_size(), parameters, config.num_hidden_layers, config.hidden_size, PIXELS,
+               torch.cuda.get_device_name(device))
+    return f" | {tokens:,.0f} tokens/s" + (f" | MFU {used:.1%}" if used is not None else "")
 
 
 def parse_args(argv):
-    p = Parser(description="Lesson 08: a Hugging Face Llama that draws digits, sharded with FSDP2")
-    p.add_argument("--model-config", default="08_your_model/configs/digits_lm.json",
-                   help="the model's Hugging Face config.json (default: 08_your_model/configs/digits_lm.json)")
+    p = Parser(description="Lesson 08: a Hugging Face decoder that draws digits, sharded with FSDP2")
+    p.add_argument("--model-config", help=f"the model's Hugging Face config.json (default: {DEFAULT_CONFIG})")
+    p.add_argument("--pretrained", metavar="DIR",
+                   help="start from a save_pretrained folder (config.json + safetensors), read shard by shard")
     p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16",
                    help="FSDP2's compute dtype; gradients are reduced and weights kept in float32 (default: bfloat16)")
     p.add_argument("--data", choices=["mnist", "synthetic"], default="mnist", help="(default: mnist)")
@@ -245,10 +217,19 @@ def parse_args(argv):
     p.add_argument("--max-steps", type=positive_int, help="stop each epoch after N steps (default: no cap)")
     p.add_argument("--dry-run", action="store_true", help="smoke test: 1 epoch of 2 steps")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="(default: auto)")
+    p.add_argument("--ac", action="store_true",
+                   help="activation checkpointing: each decoder layer in checkpoint_wrapper (will_it_fit's fsdp2-ac)")
+    p.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
+                   help="torch.compile each decoder layer (default: off; BACKEND: inductor, or aot_eager)")
     p.add_argument("--output-dir", default="runs/08_digits_lm", help="(default: runs/08_digits_lm)")
     p.add_argument("--resume", help="'auto' or a checkpoint folder, written on any number of ranks")
     p.add_argument("--keep-checkpoints", type=positive_int, default=2, help="(default: 2)")
-    p.add_argument("--export", metavar="DIR", help="after training, save_pretrained the model into DIR")
+    p.add_argument("--async-checkpoint", action="store_true",
+                   help="dcp.async_save: training goes on while the checkpoint is written (default: dcp.save)")
+    p.add_argument("--export", metavar="DIR", help="after training, write a from_pretrained folder into DIR")
+    p.add_argument("--export-dtype", choices=list(DTYPES), default="bfloat16",
+                   help="the exported weights: bfloat16 halves the files and is what GPUs load; float32 keeps the "
+                        "master weights exactly (default: bfloat16)")
     p.add_argument("--draw", action="store_true", help="after training, draw one digit per class: digits.png")
     p.add_argument("--temperature", type=positive_float, default=1.0,
                    help="for --draw: 1 samples the model as it is, lower drifts to black (default: 1)")
@@ -256,15 +237,23 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.dry_run:
         args.epochs, args.max_steps = 1, 2
+    if args.pretrained and args.model_config:
+        raise CourseError("--pretrained and --model-config: pass one (a pretrained folder brings its config.json)")
     if args.export and (problem := creatable_folder(args.export)):
         raise CourseError(f"--export {args.export}: {problem}: pick a folder you can write to")
+    if args.compile:
+        from torch._dynamo import list_backends
+        if args.compile not in list_backends(exclude_tags=()):
+            raise CourseError(f"--compile {args.compile}: not a torch.compile backend (try inductor or aot_eager)")
     return args
 
 
 def main(argv=None):
     work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
     args = parse_args(argv)
-    config = read_config(args.model_config)  # before anything slow: a bad file is one line
+    # before anything slow: a bad file is one line
+    config = read_config(args.pretrained, "--pretrained") if args.pretrained else \
+        read_config(args.model_config or DEFAULT_CONFIG, "--model-config")
     checkpoints = CheckpointDir(args, LESSON, sharded=True)
     resume = checkpoints.resume_from(args.resume)
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables
@@ -286,26 +275,36 @@ def main(argv=None):
     test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, sampler=EvalSampler(test_ds))
 
     mesh = init_device_mesh(device.type, (world_size,))  # 1-D: shard over all ranks
-    model = build_model(config, mesh, DTYPES[args.dtype])
+    model = build_model(config, mesh, DTYPES[args.dtype], ac=args.ac, compile_backend=args.compile)
     model.to_empty(device=device)  # this rank's shards, allocated, not initialised
-    init_weights(model, config, args.seed)  # transformers' initialisation, each rank keeping its piece
-    log0(f"digits_lm: {world_size} process{'es' if world_size > 1 else ''}, {config.num_hidden_layers} layers, "
-         f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, each rank stores ~1/{world_size}, "
-         f"{args.dtype} compute; {len(test_ds)} test images = {len(test_ds) * PIXELS} pixel tokens")
+    if args.pretrained:  # each rank reads its own rows of each tensor: no rank holds the whole model
+        log0(f"pretrained: {args.pretrained}: each rank read its rows of {load_pretrained(model, config, args.pretrained)}")
+    else:
+        init_weights(model, config, args.seed)  # transformers' initialisation, each rank keeping its piece
+    parameters = sum(p.numel() for p in model.parameters())
+    log0(f"digits_lm: {world_size} process{'es' if world_size > 1 else ''}, {config.model_type}, "
+         f"{config.num_hidden_layers} layers, {parameters / 1e6:.2f} M parameters, each rank stores ~1/{world_size}, "
+         f"{args.dtype} compute{', --ac' if args.ac else ''}{f', compiled ({args.compile})' if args.compile else ''}; "
+         f"{len(test_ds)} test images = {len(test_ds) * PIXELS} pixel tokens")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")  # on the shards
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)  # also when a resumed run has nothing left to train
     position, history = Position(), History(args, LESSON, device)
     if resume:  # --resume: the sharded checkpoint, resharded onto this run's ranks
         load_checkpoint(resume, model, optimizer, position, history, checkpoints)
+    elif args.pretrained:  # the model as it arrives: the loss a fine-tuning run starts from
+        before = test(model, test_loader, device)
+        log0(f"before training | test_loss {before['loss']:.4f} | test_accuracy {before['accuracy']:.4f} "
+             f"({before['correct']}/{before['count']})")
 
+    saver = Saver(checkpoints, args.async_checkpoint)
     for epoch in range(position.epoch, args.epochs + 1):
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         train_stats = train(model, train_loader, optimizer, position, args, device)
-        history.add(epoch, train_stats, test(model, test_loader, device), lr=args.lr)  # test_accuracy: next pixel
+        history.add(epoch, train_stats, test(model, test_loader, device), lr=args.lr,  # test_accuracy: next pixel
+                    rates=rates(train_stats, config, parameters, device))
         position.next_epoch()
-        path = checkpoints.path(position)
-        save_checkpoint(path, model, optimizer, position, history, checkpoints)
-        checkpoints.prune(path)
+        saver.save(checkpoints.path(position), checkpoint_state(model, optimizer, position, history, checkpoints))
+    saver.wait()  # an async checkpoint still being written: finished and named before anything else
     history.close()
     if args.export or args.draw:
         finish(model, config, args, device)

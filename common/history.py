@@ -37,8 +37,10 @@ class History:
     def rows(self) -> list[dict]:
         return self.record["epochs"]
 
-    def add(self, epoch: int, train: dict, test: dict, val: dict | None = None, lr: float | None = None) -> dict:
-        """One epoch's row from the train/test (/validation) sums that every rank reduced the same way."""
+    def add(self, epoch: int, train: dict, test: dict, val: dict | None = None, lr: float | None = None,
+            rates: str = "") -> dict:
+        """One epoch's row from the train/test (/validation) sums that every rank reduced the same way; `rates`: more
+        of the epoch line (lesson 08's tokens/s and MFU)."""
         row = {"epoch": epoch, "train_loss": train["loss"], "test_loss": test["loss"], "test_accuracy": test["accuracy"],
                "test_correct": test["correct"], "test_samples": test["count"], "epoch_seconds": train["seconds"],
                "train_images_per_second": train["images_per_second"], "lr": lr}
@@ -52,7 +54,7 @@ class History:
         val = f" | val_accuracy {row['val_accuracy']:.4f}" if "val_accuracy" in row else ""
         print(f"epoch {row['epoch']} | train_loss {row['train_loss']:.4f} | test_loss {row['test_loss']:.4f} | "
               f"test_accuracy {row['test_accuracy']:.4f} ({test['correct']}/{test['count']}){val} | "
-              f"{row['epoch_seconds']:.2f} s | {row['train_images_per_second']:,.0f} img/s", flush=True)
+              f"{row['epoch_seconds']:.2f} s | {row['train_images_per_second']:,.0f} img/s{rates}", flush=True)
         if self.record["time_to_target_seconds"] is not None and not reached_before:
             print(f"target accuracy {self.args.target_accuracy} reached after "
                   f"{self.record['time_to_target_seconds']:.2f} s of training "

@@ -36,7 +36,7 @@ def trained(small, tmp_path_factory):
     """2 ranks, float32, 2 epochs, exported and drawn."""
     out = tmp_path_factory.mktemp("digits_lm")
     proc = run(*small, "--dtype", "float32", "--epochs", 2, "--lr", 0.01, "--output-dir", out / "run",
-               "--export", out / "hf", "--draw")
+               "--export", out / "hf", "--export-dtype", "float32", "--draw")
     assert_clean(proc)
     return proc, out
 
@@ -71,10 +71,11 @@ def test_one_rank_loads_exactly_the_two_ranks_weights(trained, small):
     from safetensors.torch import load_file
     _, out = trained
     proc = run(*small, "--dtype", "float32", "--epochs", 2, "--resume", out / "run" / "checkpoints" /
-               "ckpt-e0002-s0000000", "--output-dir", out / "load-1", "--export", out / "hf-1", nproc=1)
+               "ckpt-e0002-s0000000", "--output-dir", out / "load-1", "--export", out / "hf-1",
+               "--export-dtype", "float32", nproc=1)
     assert_clean(proc)
     assert "nothing to train" in proc.stdout and "epoch 3 |" not in proc.stdout
-    one, two = load_file(out / "hf-1" / "model.safetensors"), load_file(out / "hf" / "model.safetensors")
+    one, two = (load_file(out / name / "model-00001-of-00001.safetensors") for name in ("hf-1", "hf"))
     assert one.keys() == two.keys() and all(one[k].equal(two[k]) for k in two)
 
 
@@ -86,7 +87,7 @@ export, check = sys.argv[1], torch.load(sys.argv[2], weights_only=True)
 model = LlamaForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
 assert not torch.distributed.is_initialized()
 assert model.lm_head.weight is model.model.embed_tokens.weight  # tied again by from_pretrained
-with safe_open(f"{export}/model.safetensors", "pt") as f:
+with safe_open(f"{export}/model-00001-of-00001.safetensors", "pt") as f:
     print("stored", sorted(f.keys()))
 with torch.no_grad():
     logits = model(input_ids=check["input_ids"]).logits
@@ -135,7 +136,7 @@ def meta_and_init_worker():
     lm = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lm)
     dist.init_process_group("gloo")
-    config = lm.read_config(ROOT / "08_your_model" / "configs" / "digits_lm.json")
+    config = lm.read_config(ROOT / "08_your_model" / "configs" / "digits_lm.json", "--model-config")
     model = lm.build_model(config, init_device_mesh("cpu", (2,)), torch.float32)
     params = list(model.parameters())
     on_meta = all(p.is_meta and p.to_local().is_meta for p in params)

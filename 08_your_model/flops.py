@@ -1,0 +1,28 @@
+"""The FLOPs a decoder's training step costs per token, and the model FLOPs utilisation (MFU) they make on a GPU.
+
+    6 N + 12 L h s   per token (forward 2 N + 4 L h s, backward twice that; Kaplan et al. 2020, PaLM appendix B)
+N: the parameters (each multiplies once per token, forward), L layers, h hidden size, s the sequence length (the
+attention scores and their product with v). Activation checkpointing's second forward is not counted: MFU counts the
+model's FLOPs, not the hardware's. Imported by digits_lm.py and by the benchmark suite.
+"""
+
+# Dense bfloat16 tensor-core peaks, TFLOP/s per GPU (NVIDIA's data sheets, without sparsity), by device name.
+PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200", 989.4),
+                    ("GH200", 989.4), ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.1))
+
+
+def flops_per_token(parameters: int, layers: int, hidden: int, seq_len: int) -> float:
+    """A training step's FLOPs per token: 6 N + 12 L h s."""
+    return 6 * parameters + 12 * layers * hidden * seq_len
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The GPU's dense bf16 peak in FLOP/s, from its name (torch.cuda.get_device_name); None if not in the table."""
+    return next((tflops * 1e12 for name, tflops in PEAK_BF16_TFLOPS if name in device_name), None)
+
+
+def mfu(tokens_per_second: float, gpus: int, parameters: int, layers: int, hidden: int, seq_len: int,
+        device_name: str) -> float | None:
+    """The fraction of the GPUs' bf16 peak that the model's FLOPs use; None for a GPU not in the table."""
+    peak = peak_flops(device_name)
+    return tokens_per_second * flops_per_token(parameters, layers, hidden, seq_len) / (gpus * peak) if peak else None

@@ -1,0 +1,44 @@
+"""Lesson 08: the sharded model exported as a Hugging Face folder (config.json + safetensors) without gathering it.
+
+Every rank writes its own shards with DCP's HuggingFaceStorageWriter (save_distributed); its consolidation then
+stitches them into whole tensors in model-00001-of-00001.safetensors, one tensor at a time through the files, and
+writes model.safetensors.index.json: from_pretrained loads the folder. No rank holds more than its shards and one
+tensor: an 8 B model's fp32 gather to rank 0 alone would be 32 GB of one host's memory.
+--export-dtype: bfloat16 halves the files and is what a GPU loads for inference; float32 keeps the training's master
+weights bit for bit (for a continued training run, or a check against the trained model's logits).
+"""
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageWriter
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+from common.files import replace_folder
+from hf_shards import plain_name
+
+SHARDS = "sharded"  # the subfolder HuggingFaceStorageWriter writes each rank's pieces into, before consolidating
+
+
+def export(model, config, folder, dtype: torch.dtype) -> None:
+    """Every rank calls it. The folder appears, complete, only at the end (a crash leaves the previous one)."""
+    folder = Path(folder)
+    scratch = folder.with_name(folder.name + ".tmp")
+    if dist.get_rank() == 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+    dist.barrier()
+    tied = {plain_name(n) for n, _ in model.named_parameters(remove_duplicate=False)} - \
+        {plain_name(n) for n, _ in model.named_parameters()}  # a tied lm_head.weight: stored once, as save_pretrained
+    state = {name: tensor.to(dtype) for name, tensor in get_model_state_dict(model).items() if name not in tied}
+    # this rank's shards (DTensors), cast: the writer stores what it is given; names without wrappers
+    dcp.save(state, storage_writer=HuggingFaceStorageWriter(str(scratch), save_distributed=True,
+                                                            enable_consolidation=True))
+    if dist.get_rank() == 0:  # dcp.save returned: every rank's pieces written and consolidated
+        shutil.rmtree(scratch / SHARDS)
+        config = type(config).from_dict(config.to_dict())  # a copy that says the files' dtype
+        config.dtype = dtype
+        config.save_pretrained(scratch)  # config.json
+        replace_folder(scratch, folder)
+    dist.barrier()
