@@ -278,7 +278,8 @@ def main(argv=None):
     model = build_model(config, mesh, DTYPES[args.dtype], ac=args.ac, compile_backend=args.compile)
     model.to_empty(device=device)  # this rank's shards, allocated, not initialised
     if args.pretrained:  # each rank reads its own rows of each tensor: no rank holds the whole model
-        log0(f"pretrained: {args.pretrained}: each rank read its rows of {load_pretrained(model, config, args.pretrained)}")
+        read = load_pretrained(model, config, args.pretrained)
+        log0(f"pretrained: {args.pretrained}: each rank read its own rows of {read}")
     else:
         init_weights(model, config, args.seed)  # transformers' initialisation, each rank keeping its piece
     parameters = sum(p.numel() for p in model.parameters())

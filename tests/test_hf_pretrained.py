@@ -1,0 +1,110 @@
+"""Lesson 08's --pretrained (08_your_model/hf_shards.py): a save_pretrained folder read shard by shard into an FSDP2
+model, for Llama (untied, sharded over several files), Qwen2 (q/k/v biases, tied embeddings, stored in bf16) and
+Mistral, on 2 and 4 gloo ranks: the sharded model's float32 logits equal from_pretrained's (1e-5), RoPE's inv_freq
+computed again. Every checkpoint is written here by save_pretrained from a random model: nothing is downloaded."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.errors import CourseError
+from common.launcher import launch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "08_your_model"))
+
+SHAPE = dict(vocab_size=43, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)  # 43 rows: uneven shards on 2 and 4 ranks
+MODELS = {  # model_type: (its own settings, save_pretrained's arguments)
+    "llama": ({"tie_word_embeddings": False}, {"max_shard_size": "20KB"}),  # several files + an index
+    "qwen2": ({"tie_word_embeddings": True}, {}),  # q, k, v with biases; lm_head IS the embedding
+    "mistral": ({"tie_word_embeddings": False}, {}),
+}
+INPUT = torch.arange(2 * 24).remainder(43).reshape(2, 24)
+
+
+def config_of(kind: str, **changes):
+    from transformers import CONFIG_MAPPING
+    return CONFIG_MAPPING[kind](**{**SHAPE, **MODELS[kind][0], **changes})
+
+
+def write_checkpoint(kind: str, folder: Path, dtype=torch.float32):
+    """A random model, every tensor moved off its initial value (biases are zeros, norms ones), save_pretrained."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config_of(kind))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.to(dtype).save_pretrained(folder, **MODELS[kind][1])
+
+
+def reference_logits(folder: Path) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(input_ids=INPUT).logits
+
+
+def sharded_worker(folder: str):
+    """Rank r of N: build on meta, fully_shard, to_empty, then read its own rows of each tensor; forward."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import digits_lm
+    from hf_shards import build_model, load_pretrained
+
+    dist.init_process_group("gloo")
+    config = digits_lm.read_config(folder, "--pretrained")
+    model = build_model(config, init_device_mesh("cpu", (dist.get_world_size(),)), torch.float32)
+    model.to_empty(device="cpu")  # garbage everywhere, inv_freq included
+    read = load_pretrained(model, config, folder)
+    local = sum(p.to_local().numel() for p in model.parameters())
+    with torch.no_grad():
+        logits = model.eval()(input_ids=INPUT, use_cache=False).logits
+    tied = model.lm_head.weight is model.get_input_embeddings().weight
+    dist.destroy_process_group()
+    return {"logits": logits, "read": read, "local": local, "tied": tied,
+            "total": sum(p.numel() for p in model.parameters())}
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_sharded_logits_equal_from_pretrained(kind, nprocs, tmp_path):
+    write_checkpoint(kind, tmp_path, torch.bfloat16 if kind == "qwen2" else torch.float32)
+    files = sorted(p.name for p in tmp_path.glob("*.safetensors"))
+    assert len(files) > 1 if kind == "llama" else files == ["model.safetensors"], files
+    expected = reference_logits(tmp_path)
+    results = launch(sharded_worker, nprocs=nprocs, args=(str(tmp_path),), timeout_s=240)
+    for r in results:
+        assert (r["logits"] - expected).abs().max().item() < 1e-5, kind
+        assert r["tied"] == (kind == "qwen2") and f"from {len(files)} safetensors file" in r["read"], r["read"]
+    assert sum(r["local"] for r in results) == results[0]["total"]  # each rank holds its rows, none holds all
+
+
+def test_the_decoder_layers_are_found_by_class_then_by_list():
+    from hf_shards import decoder_layers, meta_model
+    for kind in MODELS:
+        model = meta_model(config_of(kind))
+        assert [f"{type(p).__name__}.{n}" for p, n in decoder_layers(model)] == ["ModuleList.0", "ModuleList.1"]
+        model._no_split_modules = []  # no class named: the longest ModuleList of one kind of module
+        assert len(decoder_layers(model)) == 2
+    with pytest.raises(CourseError, match=r"^Linear: no decoder layers found \(looked for modules of the classes"):
+        decoder_layers(torch.nn.Linear(2, 2))
+
+
+def test_weights_that_do_not_match_the_config_are_one_line(tmp_path):
+    from hf_shards import load_pretrained, meta_model
+    write_checkpoint("llama", tmp_path)
+    deeper = config_of("llama", num_hidden_layers=3)
+    model = meta_model(deeper).to_empty(device="cpu")
+    with pytest.raises(CourseError, match=r"its weights do not match its config.json: 9 missing \(model.layers.2"):
+        load_pretrained(model, deeper, tmp_path)
+    wider = config_of("llama", intermediate_size=96)
+    model = meta_model(wider).to_empty(device="cpu")
+    with pytest.raises(CourseError, match=r"is \[\d+, \d+\] in model-\d+-of-\d+\.safetensors, \[\d+, \d+\] in the"):
+        load_pretrained(model, wider, tmp_path)
+    (tmp_path / "model.safetensors.index.json").unlink()
+    with pytest.raises(CourseError, match="no model.safetensors or model.safetensors.index.json"):
+        load_pretrained(model, wider, tmp_path)
