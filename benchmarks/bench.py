@@ -15,7 +15,9 @@ round of the ratio), dp (lesson 03), tools (the FSDP2 tools, 2 GPUs), overlap (D
 GPUs), fsdp_oom (DDP out of memory where FSDP2 trains, 2 capped GPUs, with a memory snapshot of each), tp (lesson
 06: DDP, FSDP2, TP and on 4+ GPUs 2-D, 2+ GPUs), pp (lesson 07: the bubble per schedule, and PP against DDP, FSDP2
 and TP on one model and batch, 2+ GPUs; PP and FSDP2 again over NCCL's sockets, 2 GPUs), bandwidth (all_reduce per
-NCCL transport), parity (lesson 02 against --reference, a pytorch/examples mnist/main.py). One launch per GPU count
+NCCL transport), parity (lesson 02 against --reference, a pytorch/examples mnist/main.py). Lesson 08's model class,
+not part of "all" (`--suite llm` names all four; benchmarks/llm_suites.py): llm_speed (every GPU count), llm_trace
+(the first count above one), llm_fp8 (every count above one), llm_fit (the smallest count). One launch per GPU count
 runs that count's suites in-process (benchmarks/worker.py); rows are merged into OUT/benchmarks.json after every
 launch, keyed by measurement, so a killed run keeps what it measured.
 """
@@ -39,6 +41,10 @@ from benchmarks import report  # noqa: E402
 
 SUITES = ("throughput", "peer", "scaling", "recipe", "plain", "dp", "tools", "overlap", "fsdp_oom", "tp", "pp",
           "bandwidth", "parity")
+# Lesson 08's model class: not in "all"; "llm" names the four. Their seconds are guesses until measured: a start with
+# transformers 25 s, a decoder layer's first compile 40 s, a step 0.1-0.4 s.
+LLM = ("llm_speed", "llm_trace", "llm_fp8", "llm_fit")
+LLM_START_S = 25
 START_S = 15  # a launch: Python, torch, CUDA and NCCL, the data (2x H100, c3cd817)
 # NCCL over its sockets only (troubleshooting/nccl_transports.sh: ~3 GB/s against ~300 GB/s peer to peer on 2x H100):
 # a stand-in for a slow link between nodes. NCCL reads it when a process starts: the pp suite's launch of its own.
@@ -57,7 +63,8 @@ def estimate(suite: str, n: int) -> float:
             "plain": 3 + 5 * (1 + 6 * 0.8 * device), "dp": 15, "tools": 60, "overlap": 10,
             "fsdp_oom": START_S + 35, "tp": 20, "bandwidth": 3 * 12,  # 868b4f0, 2x H100: 60, 42, 32, 33 s
             "pp": 40,  # a guess until measured: lesson 06's four builds (tp: 20 s for three), six bubble runs
-            "parity": 150}[suite]  # the reference's single-worker DataLoader: 117 s (868b4f0) to 167 s (d0e260e)
+            "parity": 150,  # the reference's single-worker DataLoader: 117 s (868b4f0) to 167 s (d0e260e)
+            "llm_speed": 125, "llm_trace": 150, "llm_fp8": 215, "llm_fit": 100 if n == 1 else 35}[suite]
 
 
 def plan(suites, gpus: list[int], reference: str | None) -> list[dict]:
@@ -90,6 +97,12 @@ def plan(suites, gpus: list[int], reference: str | None) -> list[dict]:
     if "parity" in suites and reference:
         out.append({"name": "parity", "kind": "parity", "gpus": 2 if pair else 1, "suites": ["parity"],
                     "seconds": estimate("parity", 1)})  # accuracy only: side by side, even on one GPU
+    multi = [n for n in gpus if n > 1] or gpus
+    for n in gpus:  # lesson 08's model class: a launch of its own per GPU count
+        here = [s for s in LLM if s in suites and {"llm_speed": True, "llm_fp8": n > 1, "llm_trace": n == multi[0],
+                                                   "llm_fit": n == min(gpus)}[s]]
+        out += [{"name": f"llm-{n}", "kind": "worker", "gpus": n, "visible": n, "suites": here,
+                 "seconds": LLM_START_S + sum(estimate(s, n) for s in here)}] if here else []
     return out
 
 
@@ -122,7 +135,8 @@ def run_worker(job, args, scratch: Path, timeout: float) -> tuple[str, list]:
     rows = scratch / f"{job['name']}.jsonl"
     spec = {"suites": job["suites"], "quick": args.quick, "data": args.data, "data_dir": args.data_dir,
             "rows": str(rows), "out": str(args.out), "scratch": str(scratch / job["name"]),
-            "cap_gib": 6.0 if job.get("capped") else None, "env": job.get("env")}
+            "cap_gib": 6.0 if job.get("capped") else None, "env": job.get("env"),
+            "deadline_s": timeout - 90}  # the llm suites start no run after it: the launch ends before its timeout
     (scratch / f"{job['name']}.json").write_text(json.dumps(spec))
     env = {**env_for(job["visible"], args.quick), "DIST_TIMEOUT_SECONDS": "120",  # a hung collective fails in 2 min
            **job.get("env", {})}
@@ -214,7 +228,8 @@ def machine(args) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", default="all", help=f"comma-separated, of {','.join(SUITES)} (default: all)")
+    p.add_argument("--suite", default="all", help=f"comma-separated, of {','.join(SUITES + LLM)}, llm (the four "
+                   "llm_ suites) (default: all: every suite but the llm ones)")
     p.add_argument("--gpus", default=None, help="GPU counts, e.g. 1,2 (default: 1, 2, 4, 8 up to those visible)")
     p.add_argument("--data", choices=("mnist", "synthetic"), default="mnist", help="(default: mnist; --quick: synthetic)")
     p.add_argument("--data-dir", default="data", help="folder holding MNIST/raw (default: ./data)")
@@ -227,9 +242,9 @@ def main(argv=None) -> None:
     p.add_argument("--report-only", action="store_true", help="measure nothing: merge --merge and write the page")
     p.add_argument("--quick", action="store_true", help="CPU smoke mode: tiny synthetic runs with gloo, no result")
     args = p.parse_args(argv)
-    suites = SUITES if args.suite == "all" else args.suite.split(",")
-    if unknown := set(suites) - set(SUITES):
-        p.error(f"unknown suite(s) {', '.join(sorted(unknown))}: choose from {', '.join(SUITES)}")
+    suites = SUITES if args.suite == "all" else [x for s in args.suite.split(",") for x in (LLM if s == "llm" else [s])]
+    if unknown := set(suites) - set(SUITES + LLM):
+        p.error(f"unknown suite(s) {', '.join(sorted(unknown))}: choose from {', '.join(SUITES + LLM)}, llm")
     args.data = "synthetic" if args.quick else args.data  # the smoke mode never pretends to be MNIST
     args.out = Path(args.out or (ROOT / "runs" / "bench-quick" if args.quick else ROOT / "docs")).resolve()
     if args.reference and not Path(args.reference).is_file():
@@ -246,7 +261,8 @@ def main(argv=None) -> None:
         rows = report.merge(rows, report.load(Path(extra)))
     if jobs:
         from common.data import prepare_data
-        prepare_data(args.data_dir, args.data, download=False)  # once, here: the ranks never race to extract
+        if any(set(job["suites"]) - set(LLM) for job in jobs):  # the llm suites make their own tokens
+            prepare_data(args.data_dir, args.data, download=False)  # once, here: the ranks never race to extract
         args.data_dir = str(Path(args.data_dir).resolve())
         rows = measure(jobs, args, rows)
     report.save(args.out / "benchmarks.json", rows)

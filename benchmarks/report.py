@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks import against, memory, pipeline, plots, tables
+from benchmarks import against, llm_tables, memory, pipeline, plots, tables
 
 SECTIONS = (tables.speed, against.scaling, against.time_to_99, tables.fsdp_memory, tables.tools,
-            tables.tensor_parallel, pipeline.section, tables.communication)
+            tables.tensor_parallel, pipeline.section, tables.communication, llm_tables.section)
 KEY_FIELDS = ("suite", "program", "gpus", "variant", "seed", "tools", "width", "blocks", "hidden", "data", "quick")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from benchmarks import overlap, plain_loop
+from benchmarks import llm_suites, overlap, plain_loop
 from benchmarks.launch import QUICK, QUICK_DATA, ROOT, Launch, epochs, module
 from benchmarks.tables import summary
 from common.data import load_mnist
@@ -263,6 +263,6 @@ def pp(L: Launch) -> None:
 
 
 SUITES = {"throughput": throughput, "peer": peer, "scaling": scaling, "recipe": recipe, "plain": plain, "dp": dp,
-          "tools": tools, "overlap": ddp_overlap, "fsdp_oom": fsdp_oom, "tp": tp, "pp": pp}
+          "tools": tools, "overlap": ddp_overlap, "fsdp_oom": fsdp_oom, "tp": tp, "pp": pp, **llm_suites.SUITES}
 
 
