@@ -146,6 +146,15 @@ def measure(schedule: str, microbatches: int, device="cpu", steps: int = 3, bloc
             "stages": [r["stages"] for r in every]}
 
 
+def sweep(schedule: str, microbatches: list[int], steps: int = 3, blocks: int = 8, hidden: int = 256,
+         batch: int = 32) -> list[dict]:
+    """measure() for each micro-batch count, on the ranks of this launch (one pipeline of world-size stages): the
+    notebook and exercise 1 start it in 2 gloo processes with common.launcher.launch."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return [measure(schedule, m, "cpu", steps=steps, blocks=blocks, hidden=hidden, batch=batch) for m in microbatches]
+
+
 def table(rows: list[dict]) -> str:
     """Idle fractions: the balanced formula, then per rank predicted from each stage's measured time and measured."""
     lines = [f"{'schedule':<12} {'m':>3} {'balanced':>8}  {'per rank: predicted':<20} {'measured':<16} "
@@ -158,13 +167,17 @@ def table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path) -> None:
-    """One timeline per row: a line per rank, forwards blue, backwards orange, weight backwards green; white is idle."""
+    """One timeline per row: a line per rank, forwards blue, backwards orange, weight backwards green (the legend
+    says so); white is idle."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.patches import Patch
+
     colors = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green"}
-    fig, axes = plt.subplots(len(rows), 1, figsize=(9, 1.1 + 0.5 * rows[0]["pp"] * len(rows)), squeeze=False)
+    names = {"F": "forward", "B": "backward", "W": "weight backward"}
+    fig, axes = plt.subplots(len(rows), 1, figsize=(9, 1.5 + 0.5 * rows[0]["pp"] * len(rows)), squeeze=False)
     for ax, r in zip(axes[:, 0], rows):
         for rank, events in enumerate(r["timelines"]):
             for kind, mb, begin, end in events:
@@ -174,7 +187,11 @@ def plot(rows: list[dict], path) -> None:
         ax.invert_yaxis()
         ax.set_title(f"{r['schedule']}, {r['microbatches']} micro-batches: idle {r['idle_measured']:.0%} measured, "
                      f"{r['idle_predicted']:.0%} predicted", fontsize=9)
-    fig.tight_layout()
+    kinds = sorted({kind for r in rows for t in r["timelines"] for kind, *_ in t}, key="FBW".index)
+    fig.legend(handles=[Patch(color=colors[k], label=f"{names[k]} of micro-batch n") for k in kinds]
+               + [Patch(facecolor="white", edgecolor="grey", label="idle: the bubble")],
+               loc="upper center", ncol=len(kinds) + 1, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the legend at the top
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)

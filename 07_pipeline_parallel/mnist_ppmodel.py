@@ -49,7 +49,7 @@ from common.optim import make_optimizer, make_scheduler
 from common.position import Position, steps_per_epoch
 from common.samplers import EvalSampler
 from common.signals import StopSignals
-from stages import Stage, init_weights
+from stages import Stage, init_weights, replicas, stage_blocks
 
 LESSON = "07_pipeline_parallel"
 # name: (schedule, stages per rank). With 2 per rank, pp-rank r holds stages r and r + pp (the "loop" placement).
@@ -57,12 +57,6 @@ LESSON = "07_pipeline_parallel"
 SCHEDULES = {"gpipe": (ScheduleGPipe, 1), "1f1b": (Schedule1F1B, 1), "interleaved": (ScheduleInterleaved1F1B, 2),
              "zb": (ScheduleInterleavedZeroBubble, 2)}
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # the checkpoint's optimizer state: keys per parameter
-
-
-def stage_blocks(blocks: int, stages: int) -> list[range]:
-    """The blocks of each stage, as even as can be; the extra ones go last (stage 0 also holds fc1: 9216 inputs)."""
-    sizes = [blocks // stages + (s >= stages - blocks % stages) for s in range(stages)]
-    return [range(sum(sizes[:s]), sum(sizes[:s + 1])) for s in range(stages)]
 
 
 def build(args, mesh, device, amp_dtype=None, mp_policy=MixedPrecisionPolicy()):
@@ -81,8 +75,8 @@ def build(args, mesh, device, amp_dtype=None, mp_policy=MixedPrecisionPolicy()):
     model = Stage(net, [b for s in ids for b in ranges[s]], 0 in ids, count - 1 in ids)  # the same modules, all
     if mesh.size(1) > 1:  # FSDP2 over "dp" on each stage: its units, then the stage (its root)
         for stage in stages:
-            for unit in stage.units():
-                fully_shard(unit, mesh=mesh["dp"], mp_policy=mp_policy)
+            for unit in stage.units():  # gathered once per step, not once per micro-batch (reference.md)
+                fully_shard(unit, mesh=mesh["dp"], mp_policy=mp_policy, reshard_after_forward=False)
             fully_shard(stage, mesh=mesh["dp"], mp_policy=mp_policy)  # the schedule runs FSDP's post-backward
     model.to_empty(device=device)  # this rank's layers (its shards of them under FSDP2), allocated, not initialised
     init_weights(model, args)
@@ -171,10 +165,10 @@ def checkpoint_state(model, optimizer, scheduler, position, history, checkpoints
     """Everything needed to continue: weights, optimizer and schedule state, and how far training got."""
     # Under Net's names, and (flatten) the optimizer's param groups too: the stages hold different layers, and DCP
     # writes a key that several ranks have ONCE (param_groups.0.params would be one rank's list of names).
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=FLAT)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=FLAT)  # FSDP2: the shards again
     return {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
             "position": position.state_dict(),  # a collective (all_gather_object): every rank's random state
-            "history": history.state_dict(), "run": checkpoints.run}
+            "history": history.state_dict(), "run": checkpoints.run, "dp": replicas(model)}
 
 
 def save_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints):
@@ -188,9 +182,13 @@ def save_checkpoint(path, model, optimizer, scheduler, position, history, checkp
 
 
 def load_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints):
-    # DCP reads what THIS rank's stages need, by name: resume with the same --pp-schedule and number of processes.
+    # DCP reads what THIS rank's stages need, by name: another --pp-schedule, --dp or number of stages loads too.
     checkpoint = checkpoint_state(model, optimizer, scheduler, position, history, checkpoints)
     dcp.load(checkpoint, checkpoint_id=path)  # in place, into the tensors of `checkpoint`
+    (epoch, step), dp = (checkpoint["position"][k] for k in ("epoch", "step")), checkpoint["dp"]
+    if step and dp != replicas(model):  # mid-epoch: the epoch's batches are cut for --dp pipelines
+        raise CourseError(f"{path} stopped at step {step} of epoch {epoch} with --dp {dp}: finish that epoch with "
+                          f"--dp {dp} (another --pp-schedule or number of stages may change; --dp after an epoch)")
     set_state_dict(model, optimizer, model_state_dict=checkpoint["model"], optim_state_dict=checkpoint["optimizer"],
                    options=FLAT)
     scheduler.load_state_dict(checkpoint["scheduler"])
@@ -271,7 +269,7 @@ def main(argv=None):
     torch.manual_seed(args.seed + rank)  # one dropout stream per stage and replica
     log0(f"lesson 07: {world_size} process{'es' if world_size > 1 else ''}, mesh pp {pp} x dp {dp}, "
          f"{args.pp_schedule}: {plural(count, 'stage')} of {total / 1e6:,.1f} M "
-         f"parameters, {args.microbatches} micro-batches of {args.batch_size // args.microbatches}")
+         f"parameters in all, {args.microbatches} micro-batches of {args.batch_size // args.microbatches}")
     log_all(f"pp-rank {mesh.get_local_rank('pp')} holds stage{'s' * (len(ids) > 1)} "
             f"{' and '.join(map(str, ids))}: {count_parameters(model) / 1e6:,.2f} M parameters")
     optimizer = make_optimizer(args, model.parameters(), dp)  # --lr-scaling: data-parallel replicas

@@ -1,11 +1,23 @@
-"""Lesson 07's stages as modules: Stage, some of Net's layers run as Net runs them, and init_weights, the values
-Net() draws, each rank keeping its stages' layers. mnist_ppmodel.py cuts Net into them (build, stage_blocks)."""
+"""Lesson 07's stages as modules: Stage, some of Net's layers run as Net runs them; stage_blocks, the cut; and
+init_weights, the values Net() draws, each rank keeping its stages' layers. mnist_ppmodel.py's build() uses them."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from common.model import Net, model_flags
+
+
+def stage_blocks(blocks: int, stages: int) -> list[range]:
+    """The blocks of each stage, as even as can be; the extra ones go last (stage 0 also holds fc1: 9216 inputs)."""
+    sizes = [blocks // stages + (s >= stages - blocks % stages) for s in range(stages)]
+    return [range(sum(sizes[:s]), sum(sizes[:s + 1])) for s in range(stages)]
+
+
+def replicas(model: nn.Module) -> int:
+    """The data-parallel replicas of each stage: FSDP2's mesh ("dp") under --dp, else 1."""
+    p = next(model.parameters())
+    return p.device_mesh.size() if isinstance(p, DTensor) else 1
 
 
 class Stage(nn.Module):

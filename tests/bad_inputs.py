@@ -26,8 +26,8 @@ process has no other mesh); its torchrun rows are twins, ID-tp2, on the README's
 tp 2), but more ranks than batches keeps --tp 1 (2 data-parallel ranks: with dp 1 there is one batch stream).
 Lesson 07 needs 2 processes or more (TWO_RANKS: a pipeline of one stage is refused, plain python included), so
 its rows that get past that check run under torchrun only (the data rows, Ctrl-C while loading, and its own: a
---dp that leaves no pipeline of 2 stages, more stages than layers, fewer training images than a batch), and its
-checkpoint artifact is made by a real 2-rank torchrun.
+--dp that leaves no pipeline of 2 stages, more stages than layers, fewer training images than a batch, a resume
+with another --pp-schedule: exit 0), and its checkpoint artifact is made by a real 2-rank torchrun.
 
 How the numeric flags are found: `lesson_parser(script)` runs the script's own main() until its FIRST call
 of `Parser.parse_known_args` (lessons 02-06 reach it through common.cli.parse, download_mnist.py through
@@ -280,6 +280,10 @@ def _lesson_rows(lesson: str) -> list[Case]:
             Case("07-fewer-images-than-a-batch", "07", "--train-samples 16 with --batch-size 32",
                  (*base, "--train-samples", "16"), modes=("torchrun",),
                  needles=("--batch-size 32 on 1 pipeline needs 32 training images, there are 16",)),
+            Case("07-resume-other-schedule", "07", "--resume a 1f1b checkpoint (2 stages) with --pp-schedule "
+                 "interleaved (4 stages) and one more epoch: not a mistake, DCP reads each layer by name",
+                 (*base, "--resume", "{art}/ckpt-07", "--pp-schedule", "interleaved", "--epochs", "2"),
+                 expect="ok", modes=("torchrun",), world_size=2),
         ]
     if lesson in TWO_RANKS:  # past the launch check only under torchrun; ONE process is the mistake (see above)
         late = ("data-dir-typo", "data-dir-under-a-file", "val-samples-eat-all-training", "ctrl-c-while-loading")

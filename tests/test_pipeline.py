@@ -1,8 +1,11 @@
 """Lesson 07, for real on CPU with gloo: every schedule's step against one process (gradients, loss, the division
-by the micro-batches), the stages on the ranks the mesh says, pipeline x FSDP2 on a 2 x 2 mesh, the bubble's
-formulas and a measured timeline, and the script itself: stopped by SIGUSR1 mid-epoch, resumed with --resume auto.
+by the micro-batches), the stages on the ranks the mesh says, pipeline x FSDP2 on a 2 x 2 mesh (its all-gathers per
+step, checkpoints resumed by other layouts), the bubble's formulas and a measured timeline, the smallest example
+(pp_minimal.py) and the script itself: stopped by SIGUSR1 mid-epoch, resumed with --resume auto.
 
-Starting ranks is what costs (each imports torch): two launches of in-process ranks and two torchrun runs."""
+Starting ranks is what costs (each imports torch): two launches of in-process ranks and four torchrun runs."""
+import os
+import subprocess
 import sys
 
 import pytest
@@ -13,10 +16,11 @@ from common.exits import run
 from common.launcher import launch
 from common.model import Net
 from lessons import INJECT, ROOT, assert_clean, metrics, run_script
+from test_notebook_07 import check_step
 
-sys.path.insert(0, str(ROOT / "07_pipeline_parallel"))
-import bubble  # noqa: E402
-import pp_workers  # noqa: E402
+import pp_workers  # tests/pp_workers.py: it puts lesson 07's folder on sys.path
+
+import bubble  # noqa: E402  (07_pipeline_parallel/bubble.py)
 
 FLOOR = "lesson 07 needs torch >= 2.10: torch 2.9's pipeline stages fail over gloo (pytorch/pytorch#165539)"
 pytestmark = pytest.mark.skipif(torch.__version__ < "2.10", reason=FLOOR)
@@ -75,6 +79,45 @@ def test_pipeline_x_fsdp2_on_a_2x2_mesh_equals_one_process(tmp_path):
     for name in ("1f1b", "interleaved"):
         check_equal(results, name, pp=2)
     check_roundtrip(results)
+    check_gathers(results)
+    check_relayout(results)
+
+
+STAGE_BYTES = [4_926_464, 137_256]  # the lesson's stages (--blocks 4 --hidden 128) gathered: 1,231,616 and 34,314 x 4 B
+
+
+def check_gathers(results: list[dict]) -> None:
+    """FSDP2 on the pp x dp mesh, 1F1B: reshard_after_forward=True all-gathers each unit m + 1 times a step (each
+    forward, and once for the backwards); the lesson's (False) once. The price: the stage's gathered weights are held
+    from the first forward on; with True the backwards gather them all anyway (the same peak), but not the warm-up
+    forwards."""
+    for rank, r in enumerate(results):
+        stage = rank // 2  # pp-rank: ranks 0, 1 hold stage 0, ranks 2, 3 stage 1
+        for m in (2, 4):
+            lazy, lesson = r["gathers"][(m, True)], r["gathers"][(m, None)]  # FSDP2's default, the lesson's
+            assert lazy["all_gather"] == m + 1 and lesson["all_gather"] == 1, (m, lazy, lesson)
+            assert lazy["reduce_scatter"] == lesson["reduce_scatter"] == 1, (m, lazy, lesson)
+            assert lazy["full_bytes"] == lesson["full_bytes"] == STAGE_BYTES[stage], lesson
+            assert lazy["units"] == lesson["units"] == [4, 3][stage]  # features, fc1, 2 blocks | 2 blocks, fc2
+            assert max(b for _, b in lazy["held"]) == max(b for _, b in lesson["held"]) == STAGE_BYTES[stage]
+            assert [b for _, b in lesson["held"][1:]] == [STAGE_BYTES[stage]] * (2 * m - 1), lesson["held"]
+            warm_up = lazy["held"][:[k for k, _ in lazy["held"]].index("B")]  # 1F1B: 2 - stage forwards first
+            assert warm_up == [("F", 0)] * (2 - stage), lazy["held"]
+            assert lazy["after_step"] == lesson["after_step"] == 0  # step() ends with the shards alone
+
+
+def check_relayout(results: list[dict]) -> None:
+    """A pp 2 x dp 2 checkpoint resumed by 4 x 1 (1F1B, GPipe) and 2 x 2 interleaved (4 stages): every weight and
+    optimizer value equal, by name. Mid-epoch, another --dp is refused in one line (its batches were cut for 2)."""
+    refused = ("PATH/mid stopped at step 3 of epoch 1 with --dp 2: finish that epoch with --dp 2 (another "
+               "--pp-schedule or number of stages may change; --dp after an epoch)")
+    for r in results:
+        trip = r["relayout"]
+        assert len(trip["saved"]) > 100, trip["saved"]  # weights, and per parameter its optimizer state
+        for key in ("4x1 1f1b end", "2x2 interleaved end", "4x1 gpipe end", "2x2 interleaved mid"):
+            assert trip[key]["names"] == trip["saved"] and trip[key]["diff"] == 0.0, (key, trip[key])
+            assert trip[key]["lr"] == pytest.approx(0.35), (key, trip[key])
+        assert trip["4x1 1f1b mid"] == trip["4x1 gpipe mid"] == refused, trip
 
 
 def test_the_bubble_formulas():
@@ -99,6 +142,27 @@ def test_one_line_errors(argv, message, tmp_path, capsys, monkeypatch):
         run(pp_workers.lesson().main, [*argv, "--output-dir", tmp_path / "r"])
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and "\n" not in err and err.startswith(message), err
+
+
+def test_the_smallest_example_under_torchrun():
+    """pp_minimal.py, as the README starts it: 2 gloo ranks, what each one ran, got and sent, in rank order."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(ROOT / "07_pipeline_parallel" / "pp_minimal.py"), "--schedule", "1f1b"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    assert_clean(proc)
+    check_step(proc.stdout, "1f1b", ("F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"))
+
+
+def test_the_smallest_example_under_plain_python(capsys, monkeypatch):
+    import pp_minimal
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        run(pp_minimal.main, [])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err == ("error: pp_minimal.py cuts its model in two, a stage per process: start "
+                                             "it with torchrun --standalone --nproc_per_node=2"), err
 
 
 def test_the_script_stops_on_sigusr1_saves_and_resumes(synthetic_dir, tmp_path):

@@ -20,7 +20,6 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).res
 from common.launcher import launch  # noqa: E402
 
 import bubble  # noqa: E402
-import pp_workers  # noqa: E402
 
 P, MICROBATCHES = 2, [1, 2, 4, 8]
 
@@ -31,7 +30,7 @@ def predict(p: int, m: int) -> Fraction:
 
 
 def main():
-    rows = launch(pp_workers.bubble_rows, nprocs=P, args=("gpipe", MICROBATCHES, 4, 24, 1024, 32), timeout_s=240)[0]
+    rows = launch(bubble.sweep, nprocs=P, args=("gpipe", MICROBATCHES, 4, 24, 1024, 32), timeout_s=240)[0]
     print(f"GPipe, p = {P} stages: idle fraction (p - 1) / (m + p - 1) predicted, and measured on {P} gloo ranks")
     print(f"{'m':>3}  {'predicted':>15}  {'measured':>8}  {'per rank':>9}  s/step")
     for m, row in zip(MICROBATCHES, rows):

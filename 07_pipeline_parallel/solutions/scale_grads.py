@@ -4,12 +4,13 @@
 
 The loss function runs once per micro-batch and returns that micro-batch's MEAN loss; backward adds the m
 micro-batches' gradients into .grad, which makes m times the gradient of the whole batch's mean loss. At the end of
-step() the schedule divides them by m (scale_grads=True, the default: ScheduleGPipe._step_microbatches ends with
-stage.perform_reduce_grad(m), which calls stage.scale_grads(m), in torch/distributed/pipelining/): then they equal
-one process's on the whole batch. With scale_grads=False they stay m times larger: right for a loss that
-SUMS (reduction="sum"), m times too large for a mean loss.
-Two gloo processes (common.launcher), the notebook's small model cut in two by hand (pp_workers.by_hand), GPipe,
-4 micro-batches of 2, the same batch and weights both times.
+step() the schedule divides them by m: the switch is an argument of the schedule's constructor,
+ScheduleGPipe(stage, m, loss_fn=..., scale_grads=True), the default (torch/distributed/pipelining/schedules.py:
+_step_microbatches ends with stage.perform_reduce_grad(m if self.scale_grads else 1), which divides the gradients
+in stage.py). Then they equal one process's on the whole batch. With scale_grads=False they stay m times larger:
+right for a loss that SUMS (reduction="sum"), m times too large for a mean loss.
+Two gloo processes (common.launcher), the lesson's smallest example (pp_minimal.step: a small model cut in two by
+hand), GPipe, 4 micro-batches of 2, the same batch and weights both times.
 """
 import sys
 from pathlib import Path
@@ -20,14 +21,14 @@ import torch  # noqa: E402
 
 from common.launcher import launch  # noqa: E402
 
-import pp_workers  # noqa: E402
+import pp_minimal  # noqa: E402
 
 MICROBATCHES = 4
 
 
 def both(microbatches: int) -> dict:
     """On each rank: one step with the default and one with scale_grads=False, from the same weights."""
-    return {scale: pp_workers.by_hand("gpipe", microbatches, scale_grads=scale, quiet=True) for scale in (True, False)}
+    return {scale: pp_minimal.step("gpipe", microbatches, scale_grads=scale, quiet=True) for scale in (True, False)}
 
 
 def main():
