@@ -165,3 +165,30 @@ def test_built_on_meta_and_initialised_as_one_process_would():
         assert r["difference"] == 0.0, r  # bit for bit: the same model on any number of ranks
         assert r["std"] == pytest.approx(0.02, rel=0.1) and r["halves_differ"], r  # not garbage, not repeated
     assert results[0]["local"] + results[1]["local"] == results[0]["total"], results  # each rank holds its half
+
+
+def test_fine_tuning_from_the_export_starts_at_the_exported_models_loss(trained, small, tmp_path):
+    """The lesson's flow: train, export (float32), then --pretrained the export: before its first step the model
+    scores the trained run's last test loss, and its first epoch trains below a fresh model's first epoch."""
+    _, out = trained
+    proc = run(*small, "--dtype", "float32", "--epochs", 1, "--lr", 0.01, "--pretrained", out / "hf",
+               "--output-dir", tmp_path)
+    assert_clean(proc)
+    assert f"pretrained: {out / 'hf'}: each rank read its own rows of 29 tensors from 1 safetensors file" in proc.stdout
+    before = next(line for line in proc.stdout.splitlines() if line.startswith("before training | test_loss "))
+    trained_rows, continued = metrics(out / "run")["epochs"], metrics(tmp_path)["epochs"]
+    assert float(before.split()[4]) == pytest.approx(trained_rows[-1]["test_loss"], abs=1e-4), before
+    assert continued[0]["train_loss"] < trained_rows[0]["train_loss"] - 0.1, (continued, trained_rows)
+
+
+def test_activation_checkpointing_and_compile_train_the_same_model(small, tmp_path):
+    """--ac recomputes each layer in backward: the same float32 losses; --compile (aot_eager: quick to compile) too."""
+    runs = {}
+    for name, flags in {"plain": [], "ac": ["--ac"], "compiled": ["--ac", "--compile", "aot_eager"]}.items():
+        proc = run(*small, "--dtype", "float32", "--epochs", 1, "--max-steps", 3, "--output-dir", tmp_path / name,
+                   *flags)
+        assert_clean(proc)
+        assert " tokens/s" in proc.stdout.split("epoch 1 |")[1].splitlines()[0], proc.stdout
+        runs[name] = metrics(tmp_path / name)["epochs"][0]
+    assert runs["ac"]["train_loss"] == pytest.approx(runs["plain"]["train_loss"], abs=1e-6), runs
+    assert runs["compiled"]["test_loss"] == pytest.approx(runs["plain"]["test_loss"], abs=1e-4), runs
