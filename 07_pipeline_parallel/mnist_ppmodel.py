@@ -49,7 +49,7 @@ from common.optim import make_optimizer, make_scheduler
 from common.position import Position, steps_per_epoch
 from common.samplers import EvalSampler
 from common.signals import StopSignals
-from stages import Stage, init_weights, replicas, stage_blocks
+from stages import Stage, check_resume, init_weights, replicas, stage_blocks
 
 LESSON = "07_pipeline_parallel"
 # name: (schedule, stages per rank). With 2 per rank, pp-rank r holds stages r and r + pp (the "loop" placement).
@@ -185,10 +185,7 @@ def load_checkpoint(path, model, optimizer, scheduler, position, history, checkp
     # DCP reads what THIS rank's stages need, by name: another --pp-schedule, --dp or number of stages loads too.
     checkpoint = checkpoint_state(model, optimizer, scheduler, position, history, checkpoints)
     dcp.load(checkpoint, checkpoint_id=path)  # in place, into the tensors of `checkpoint`
-    (epoch, step), dp = (checkpoint["position"][k] for k in ("epoch", "step")), checkpoint["dp"]
-    if step and dp != replicas(model):  # mid-epoch: the epoch's batches are cut for --dp pipelines
-        raise CourseError(f"{path} stopped at step {step} of epoch {epoch} with --dp {dp}: finish that epoch with "
-                          f"--dp {dp} (another --pp-schedule or number of stages may change; --dp after an epoch)")
+    check_resume(path, checkpoint, model)  # mid-epoch: the same --dp
     set_state_dict(model, optimizer, model_state_dict=checkpoint["model"], optim_state_dict=checkpoint["optimizer"],
                    options=FLAT)
     scheduler.load_state_dict(checkpoint["scheduler"])

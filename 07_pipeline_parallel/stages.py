@@ -1,10 +1,12 @@
-"""Lesson 07's stages as modules: Stage, some of Net's layers run as Net runs them; stage_blocks, the cut; and
-init_weights, the values Net() draws, each rank keeping its stages' layers. mnist_ppmodel.py's build() uses them."""
+"""Lesson 07's stages as modules: Stage, some of Net's layers run as Net runs them; stage_blocks, the cut;
+init_weights, the values Net() draws, each rank keeping its stages' layers (mnist_ppmodel.py's build() uses them);
+replicas and check_resume, what a checkpoint of the stages records and needs of a resumed run's layout."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from common.errors import CourseError
 from common.model import Net, model_flags
 
 
@@ -18,6 +20,15 @@ def replicas(model: nn.Module) -> int:
     """The data-parallel replicas of each stage: FSDP2's mesh ("dp") under --dp, else 1."""
     p = next(model.parameters())
     return p.device_mesh.size() if isinstance(p, DTensor) else 1
+
+
+def check_resume(path, checkpoint: dict, model: nn.Module) -> None:
+    """Another --pp-schedule, --dp or number of stages resumes (DCP reads each layer by name, resharded), but a
+    checkpoint saved mid-epoch needs its own --dp: the rest of that epoch's batches were cut for that many pipelines."""
+    (epoch, step), dp = (checkpoint["position"][k] for k in ("epoch", "step")), checkpoint["dp"]
+    if step and dp != replicas(model):
+        raise CourseError(f"{path} stopped at step {step} of epoch {epoch} with --dp {dp}: finish that epoch with "
+                          f"--dp {dp} (another --pp-schedule or number of stages may change; --dp after an epoch)")
 
 
 class Stage(nn.Module):
