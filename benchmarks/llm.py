@@ -140,8 +140,10 @@ def train(setup: Setup, L, mesh, seed: int = 1, cap_bytes: int | None = None, tr
     clean(device)
     try:
         row.update(_run(setup, cfg, seq, L, mesh, seed, cap_bytes, trace), outcome="trained", **memory(device))
-    except torch.OutOfMemoryError as exc:
-        row.update(outcome="out of memory", error=str(exc).split("\n")[0][:300], **memory(device))
+    except Exception as exc:  # out of memory (the allocator's, cuBLAS's or NCCL's), or a failed compile: one row
+        text = f"{type(exc).__name__}: {exc}".split("\n")[0][:300]
+        row.update(outcome="out of memory" if "out of memory" in text.lower() or "ALLOC_FAILED" in text else "failed",
+                   error=text, **memory(device))
     finally:
         if cap_bytes:
             torch.cuda.set_per_process_memory_fraction(1.0, device)
@@ -170,7 +172,7 @@ def _run(setup: Setup, cfg, seq: int, L, mesh, seed: int, cap_bytes, trace) -> d
     parameters = sum(p.numel() for p in model.parameters())  # DTensors count their global elements
     clean(device)  # the full model each rank built before sharding: not part of the step's memory
     if cap_bytes:
-        torch.cuda.set_per_process_memory_fraction(cap_bytes / torch.cuda.mem_get_info(device)[1], device)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / torch.cuda.mem_get_info(device)[1]), device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1,
                                   **({"fused": True} if setup.fused and device.type == "cuda" else {"foreach": True}))
     loss_fn = torch.compile(compiled_loss, backend="inductor" if device.type == "cuda" else "aot_eager") \

@@ -9,6 +9,7 @@ fit). On several GPUs the uncapped runs only: a rank that ran out of memory alon
 """
 from __future__ import annotations
 
+import functools
 import sys
 
 from benchmarks.launch import ROOT
@@ -23,10 +24,18 @@ QUICK_BATCH = 2
 MOST_BATCH = 64
 
 
-def lines(cfg, strategy: str, gpus: int, batch: int, seq: int) -> dict:
+@functools.cache
+def counted(shape: str, quick: bool) -> tuple:
+    """(config, parameter shapes, buffer elements): counted once per shape (a model on the meta device each time)."""
+    cfg = config(shape, quick)
+    return (cfg,) + will_it_fit.count(cfg)
+
+
+def lines(shape: str, quick: bool, strategy: str, gpus: int, batch: int) -> dict:
     """The estimate's bytes per GPU: the tensors, the "fits" total (with the allowance) and the "tight" line."""
-    shapes, buffers = will_it_fit.count(cfg)
-    moments = will_it_fit.estimate(cfg, shapes, buffers, strategy, gpus, 1, batch, seq, "bfloat16")
+    cfg, shapes, buffers = counted(shape, quick)
+    moments = will_it_fit.estimate(cfg, shapes, buffers, strategy, gpus, 1, batch, QUICK_SEQ if quick else SEQ,
+                                   "bfloat16")
     tensors = sum(will_it_fit.peak(moments)[1].values())
     return {"estimate": tensors, "fits_line": will_it_fit.with_allowance(tensors),
             "tight_line": tensors + will_it_fit.ALLOWANCE_GIB * GIB}
@@ -40,16 +49,15 @@ def fill_batch(shape: str, gpus: int, memory: float, quick: bool) -> int:
     """The largest batch per GPU (up to 64) whose estimate fits `memory` bytes: the batch that fills the GPU."""
     if quick:
         return QUICK_BATCH
-    cfg = config(shape, False)
-    fitting = [b for b in range(1, MOST_BATCH + 1) if lines(cfg, "fsdp2", gpus, b, SEQ)["fits_line"] <= memory]
+    fitting = [b for b in range(1, MOST_BATCH + 1) if lines(shape, False, "fsdp2", gpus, b)["fits_line"] <= memory]
     return max(fitting, default=1)
 
 
 def fit(L, mesh) -> None:
-    seq, cuda, said = QUICK_SEQ if L.quick else SEQ, L.device.type == "cuda", False
+    cuda, said = L.device.type == "cuda", False
     for strategy, shape, batch in CASES:
         batch = QUICK_BATCH if L.quick else batch
-        est = lines(config(shape, L.quick), strategy, L.world, batch, seq)
+        est = lines(shape, L.quick, strategy, L.world, batch)
         setup = Setup(shape, batch, strategy=strategy, warmup=1, steps=2)
         free = train(setup, L, mesh)
         L.emit("llm_fit", program=shape, variant=f"{strategy} uncapped", **est, **free,

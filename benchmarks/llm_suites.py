@@ -5,7 +5,8 @@ FSDP2 (benchmarks/llm.py), on this launch's GPUs. Each run is a row; a run past 
               hidden-4096 shapes at the batch that fills the GPU (will_it_fit.py), with and without per-layer compile
   llm_trace   what limits the step: the hidden-4096 shape from a plain start (eager, batch 2, foreach AdamW), one
               change at a time; the first and the last run traced (torch.profiler; benchmarks/llm_trace.py)
-  llm_fp8     torchao float8 (tensorwise, rowwise) on llm_speed's compiled rows; 200 steps of the loss against bf16's
+  llm_fp8     torchao float8 (tensorwise, rowwise) on llm_speed's compiled h4096 row; 200 steps of the loss against
+              bf16's
   llm_fit     will_it_fit.py's verdict at the margin (benchmarks/llm_fit.py)
 """
 from __future__ import annotations
@@ -13,13 +14,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import os
 import time
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from benchmarks import llm_fit, llm_trace
-from benchmarks.llm import QUICK_SEQ, SEQ, Setup, config, train
+from benchmarks.llm import Setup, train
+from common.distributed import init_timeout, launch_env, restart_safe_store
 
 BEGAN = time.monotonic()  # imported as the launch starts (benchmarks/worker.py)
 SHAPES = ("h4096", "1.1B")  # the target's shape first
@@ -45,15 +49,23 @@ def late(L, what: str) -> bool:
 
 @contextlib.contextmanager
 def mesh_of(L, name: str):
-    with L.group(name):
+    """Launch.group's process group, with $DIST_TIMEOUT_SECONDS (bench.py: 120 s): were one rank to run out of
+    memory alone, the others' collective fails in 2 minutes, not NCCL's 10, and the launch ends."""
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = name  # its own key space of torchrun's store
+    cuda = L.device.type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", store=restart_safe_store(launch_env()), rank=L.rank,
+                            world_size=L.world, device_id=L.device if cuda else None, timeout=init_timeout())
+    try:
         yield init_device_mesh(L.device.type, (L.world,))
+    finally:
+        dist.destroy_process_group()
 
 
 def batch_and_estimate(L, shape: str) -> tuple[int, dict]:
     """The batch that fills this GPU (will_it_fit.py), and the estimate at that batch."""
     memory = torch.cuda.mem_get_info(L.device)[1] if L.device.type == "cuda" else None
     batch = llm_fit.fill_batch(shape, L.world, memory, L.quick)
-    return batch, llm_fit.lines(config(shape, L.quick), "fsdp2", L.world, batch, QUICK_SEQ if L.quick else SEQ)
+    return batch, llm_fit.lines(shape, L.quick, "fsdp2", L.world, batch)
 
 
 def sweep(L) -> None:
@@ -76,9 +88,9 @@ def sweep(L) -> None:
 def speed(L) -> None:
     sweep(L)
     with mesh_of(L, "llm_speed") as mesh:
-        for shape in SHAPES:
-            batch, estimate = batch_and_estimate(L, shape)
-            for compiled in (True, False):  # compiled first: it holds less memory, and it is the target's row
+        for compiled in (True, False):  # compiled first: it holds less memory, and it is the targets' row
+            for shape in SHAPES:
+                batch, estimate = batch_and_estimate(L, shape)
                 variant = "compile" if compiled else "eager"
                 if late(L, f"llm_speed {shape} {variant}"):
                     return
@@ -125,21 +137,21 @@ def fp8(L) -> None:
         if L.rank == 0:
             print(f"llm_fp8: skipped: {why}", flush=True)
         return L.emit("llm_fp8", program="-", variant="skipped", outcome="skipped", error=why)
+    shape = SHAPES[0]  # the target's shape: its Linears are 87% of its FLOPs
     with mesh_of(L, "llm_fp8") as mesh:
-        for shape in SHAPES:
-            batch, estimate = batch_and_estimate(L, shape)
-            for recipe in RECIPES:  # llm_speed's compiled row, its Linears in float8
-                if late(L, f"llm_fp8 {shape} {recipe}"):
-                    return
-                row = train(Setup(shape, batch, compile=True, loss_compile=True, reshard_last=False, float8=recipe),
-                            L, mesh)
-                L.emit("llm_fp8", program=shape, variant=recipe, **estimate, **row)
+        batch, estimate = batch_and_estimate(L, shape)
+        for recipe in RECIPES:  # llm_speed's compiled row, its Linears in float8
+            if late(L, f"llm_fp8 {shape} {recipe}"):
+                return
+            row = train(Setup(shape, batch, compile=True, loss_compile=True, reshard_last=False, float8=recipe,
+                              **short(L)), L, mesh)
+            L.emit("llm_fp8", program=shape, variant=recipe, **estimate, **row)
         for recipe in (None,) + RECIPES:  # the same seed, model and data: the loss of 200 steps, eager
             if late(L, f"llm_fp8 loss {recipe or 'bf16'}"):
                 return
-            row = train(Setup(SHAPES[0], LOSS_BATCH, reshard_last=False, float8=recipe, warmup=0, steps=LOSS_STEPS),
+            row = train(Setup(shape, LOSS_BATCH, reshard_last=False, float8=recipe, warmup=0, steps=LOSS_STEPS),
                         L, mesh)
-            L.emit("llm_fp8", program=SHAPES[0], variant=f"loss {recipe or 'bf16'}", **row)
+            L.emit("llm_fp8", program=shape, variant=f"loss {recipe or 'bf16'}", **row)
 
 
 def fit(L) -> None:

@@ -158,7 +158,8 @@ def agrees(r: dict) -> str:
 
 
 def fit(rows):
-    rs = sorted(of(rows, "llm_fit"), key=lambda r: (r["gpus"], r["program"], r["strategy"], -r.get("cap_bytes", 1e30)))
+    rs = sorted(of(rows, "llm_fit"),
+                key=lambda r: (r["gpus"], r["program"], r["strategy"], -r.get("cap_bytes", float("inf"))))
     ratio = lambda a, b: f"{a / b:.3f}" if a and b else "-"  # noqa: E731
     errors = [f"- {r['gpus']} GPU(s), {r['variant']}: `{r['error']}`" for r in rs if r.get("error")]
     return part("Will it fit, at the margin", "`08_your_model/will_it_fit.py` against the GPU: each case uncapped "
