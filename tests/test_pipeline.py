@@ -130,6 +130,21 @@ def test_the_bubble_formulas():
     assert bubble.predict_idle_stages([4.0, 1.0], 4) == pytest.approx([1 - 4 / 4.25, 1 - 1 / 4.25])
 
 
+def test_the_timelines_have_a_legend(tmp_path, monkeypatch):
+    """bubble.png says which colour is a forward, a backward (and a weight backward, zb) and which is idle."""
+    import matplotlib.pyplot as plt
+
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)
+    timelines = [[("F", 0, 0.0, 0.01), ("B", 0, 0.02, 0.04)], [("F", 0, 0.01, 0.02), ("B", 0, 0.02, 0.03)]]
+    bubble.plot([{"schedule": "gpipe", "microbatches": 1, "pp": 2, "timelines": timelines, "idle_measured": 0.5,
+                  "idle_predicted": 0.5}], tmp_path / "bubble.png")
+    [legend] = drawn[0].legends
+    assert [t.get_text() for t in legend.get_texts()] == ["forward of micro-batch n", "backward of micro-batch n",
+                                                          "idle: the bubble"]
+    assert (tmp_path / "bubble.png").stat().st_size > 5_000
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--microbatches", "3"], "error: argument --microbatches: 3 does not divide --batch-size 64: pick a divisor"),
     (["--grad-accum", "2"], "error: argument --grad-accum: a pipeline accumulates its micro-batches already"),
