@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from common.launcher import launch
 from lessons import assert_clean, metrics
@@ -75,20 +76,19 @@ def test_one_rank_loads_exactly_the_two_ranks_weights(trained, small):
                "--export-dtype", "float32", nproc=1)
     assert_clean(proc)
     assert "nothing to train" in proc.stdout and "epoch 3 |" not in proc.stdout
-    one, two = (load_file(out / name / "model-00001-of-00001.safetensors") for name in ("hf-1", "hf"))
+    one, two = ({k: v for f in sorted((out / name).glob("*.safetensors")) for k, v in load_file(f).items()}
+                for name in ("hf-1", "hf"))
     assert one.keys() == two.keys() and all(one[k].equal(two[k]) for k in two)
 
 
 RELOAD = """
-import sys, torch
-from safetensors import safe_open
+import json, sys, torch
 from transformers import LlamaForCausalLM
 export, check = sys.argv[1], torch.load(sys.argv[2], weights_only=True)
 model = LlamaForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
 assert not torch.distributed.is_initialized()
 assert model.lm_head.weight is model.model.embed_tokens.weight  # tied again by from_pretrained
-with safe_open(f"{export}/model-00001-of-00001.safetensors", "pt") as f:
-    print("stored", sorted(f.keys()))
+print("stored", sorted(json.load(open(f"{export}/model.safetensors.index.json"))["weight_map"]))
 with torch.no_grad():
     logits = model(input_ids=check["input_ids"]).logits
 print("dtype", check["dtype"], "max_difference", (logits - check["logits"]).abs().max().item())
@@ -107,10 +107,18 @@ def test_export_reloads_in_a_fresh_process_with_the_same_logits(trained):
     assert float(words[words.index("max_difference") + 1]) < 1e-5, proc.stdout
 
 
-def test_bfloat16_runs(small, tmp_path):
-    proc = run(*small, "--dtype", "bfloat16", "--epochs", 1, "--max-steps", 3, "--output-dir", tmp_path)
+def test_bfloat16_runs_and_exports_bfloat16_files(small, tmp_path):
+    """--export-dtype's default: bf16 files, one per decoder layer plus the first and the last, and a config.json."""
+    import json
+    from safetensors.torch import load_file
+    proc = run(*small, "--dtype", "bfloat16", "--epochs", 1, "--max-steps", 3, "--output-dir", tmp_path,
+               "--export", tmp_path / "hf")
     assert_clean(proc)
     assert "bfloat16 compute" in proc.stdout and "epoch 1 | train_loss" in proc.stdout
+    files = sorted((tmp_path / "hf").glob("*.safetensors"))
+    assert [f.name for f in files] == [f"model-0000{i}-of-00005.safetensors" for i in range(1, 6)]
+    assert {t.dtype for f in files for t in load_file(f).values()} == {torch.bfloat16}
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "bfloat16"
 
 
 @pytest.mark.parametrize("content", [None, "{not json"])
@@ -174,7 +182,7 @@ def test_fine_tuning_from_the_export_starts_at_the_exported_models_loss(trained,
     proc = run(*small, "--dtype", "float32", "--epochs", 1, "--lr", 0.01, "--pretrained", out / "hf",
                "--output-dir", tmp_path)
     assert_clean(proc)
-    assert f"pretrained: {out / 'hf'}: each rank read its own rows of 29 tensors from 1 safetensors file" in proc.stdout
+    assert f"pretrained: {out / 'hf'}: each rank read its own rows of 29 tensors from 5 safetensors files" in proc.stdout
     before = next(line for line in proc.stdout.splitlines() if line.startswith("before training | test_loss "))
     trained_rows, continued = metrics(out / "run")["epochs"], metrics(tmp_path)["epochs"]
     assert float(before.split()[4]) == pytest.approx(trained_rows[-1]["test_loss"], abs=1e-4), before
