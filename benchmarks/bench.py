@@ -17,7 +17,8 @@ GPUs), fsdp_oom (DDP out of memory where FSDP2 trains, 2 capped GPUs, with a mem
 and TP on one model and batch, 2+ GPUs; PP and FSDP2 again over NCCL's sockets, 2 GPUs), bandwidth (all_reduce per
 NCCL transport), parity (lesson 02 against --reference, a pytorch/examples mnist/main.py). Lesson 08's model class,
 not part of "all" (`--suite llm` names all four; benchmarks/llm_suites.py): llm_speed (every GPU count), llm_trace
-(the first count above one), llm_fp8 (every count above one), llm_fit (the smallest count). One launch per GPU count
+(the first count above one), llm_fp8 (every count above one), llm_fit (the smallest count, a launch of its own). For
+the GPU calls of the llm suites, see benchmarks/llm_suites.py. One launch per GPU count
 runs that count's suites in-process (benchmarks/worker.py); rows are merged into OUT/benchmarks.json after every
 launch, keyed by measurement, so a killed run keeps what it measured.
 """
@@ -43,8 +44,11 @@ SUITES = ("throughput", "peer", "scaling", "recipe", "plain", "dp", "tools", "ov
           "bandwidth", "parity")
 # Lesson 08's model class: not in "all"; "llm" names the four. Their seconds are guesses until measured: a start with
 # transformers 25 s, a decoder layer's first compile 50 s (10 s from Inductor's cache), a step 0.1-0.5 s.
-LLM = ("llm_trace", "llm_fp8", "llm_speed", "llm_fit")  # a launch's order: llm_speed's eager rows (most memory) last
+LLM = ("llm_trace", "llm_speed", "llm_fp8", "llm_fit")  # a launch's order
 LLM_START_S = 25
+# The speed runs' allocator, as torchtitan's: less fragmentation, so the batch will_it_fit.py fills leaves room for
+# eager's temporaries too. llm_fit's launch keeps the default one, whose reserved share the estimate allows for.
+LLM_ALLOCATOR = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 START_S = 15  # a launch: Python, torch, CUDA and NCCL, the data (2x H100, c3cd817)
 # NCCL over its sockets only (troubleshooting/nccl_transports.sh: ~3 GB/s against ~300 GB/s peer to peer on 2x H100):
 # a stand-in for a slow link between nodes. NCCL reads it when a process starts: the pp suite's launch of its own.
@@ -64,7 +68,7 @@ def estimate(suite: str, n: int) -> float:
             "fsdp_oom": START_S + 35, "tp": 20, "bandwidth": 3 * 12,  # 868b4f0, 2x H100: 60, 42, 32, 33 s
             "pp": 40,  # a guess until measured: lesson 06's four builds (tp: 20 s for three), six bubble runs
             "parity": 150,  # the reference's single-worker DataLoader: 117 s (868b4f0) to 167 s (d0e260e)
-            "llm_speed": 160, "llm_trace": 145, "llm_fp8": 215, "llm_fit": 100 if n == 1 else 35}[suite]
+            "llm_speed": 160, "llm_trace": 145, "llm_fp8": 215, "llm_fit": 100}[suite]
 
 
 def plan(suites, gpus: list[int], reference: str | None) -> list[dict]:
@@ -100,9 +104,12 @@ def plan(suites, gpus: list[int], reference: str | None) -> list[dict]:
     multi = [n for n in gpus if n > 1] or gpus
     for n in gpus:  # lesson 08's model class: a launch of its own per GPU count
         here = [s for s in LLM if s in suites and {"llm_speed": True, "llm_fp8": n > 1, "llm_trace": n == multi[0],
-                                                   "llm_fit": n == min(gpus)}[s]]
-        out += [{"name": f"llm-{n}", "kind": "worker", "gpus": n, "visible": n, "suites": here,
+                                                   "llm_fit": False}[s]]
+        out += [{"name": f"llm-{n}", "kind": "worker", "gpus": n, "visible": n, "suites": here, "env": LLM_ALLOCATOR,
                  "seconds": LLM_START_S + sum(estimate(s, n) for s in here)}] if here else []
+    if "llm_fit" in suites:  # the capped runs need one GPU (benchmarks/llm_fit.py); the default allocator
+        out.append({"name": f"llm_fit-{min(gpus)}", "kind": "worker", "gpus": min(gpus), "visible": min(gpus),
+                    "suites": ["llm_fit"], "seconds": LLM_START_S + estimate("llm_fit", min(gpus))})
     return out
 
 

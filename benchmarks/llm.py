@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import sys
 import time
 
@@ -136,7 +137,7 @@ def train(setup: Setup, L, mesh, seed: int = 1, cap_bytes: int | None = None, tr
     the timed steps, 2 more under torch.profiler, written there (Chrome trace JSON)."""
     device, quick = L.device, L.quick
     seq, cfg = QUICK_SEQ if quick else SEQ, config(setup.shape, quick)
-    row = {"seq": seq, **dataclasses.asdict(setup)}
+    row = {"seq": seq, **dataclasses.asdict(setup), "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default")}
     clean(device)
     try:
         row.update(_run(setup, cfg, seq, L, mesh, seed, cap_bytes, trace), outcome="trained", **memory(device))

@@ -8,6 +8,12 @@ FSDP2 (benchmarks/llm.py), on this launch's GPUs. Each run is a row; a run past 
   llm_fp8     torchao float8 (tensorwise, rowwise) on llm_speed's compiled h4096 row; 200 steps of the loss against
               bf16's
   llm_fit     will_it_fit.py's verdict at the margin (benchmarks/llm_fit.py)
+
+On a 4-GPU host (about 17 GPU minutes; --budget: no run starts after the launch's share of it), two calls of under
+9 minutes, each two bench.py runs into one --out DIR, then `bench.py --report-only --merge DIR/benchmarks.json`:
+    1.  --gpus 2 --suite llm_trace,llm_speed --budget 335;   then --gpus 1 --suite llm_speed --budget 190
+    2.  --gpus 1 --suite llm_fit --budget 150;   then --gpus 4 --suite llm_speed,llm_fp8 --budget 400
+        (torchao first: python3 -m pip install --no-deps wheels/torchao-*.whl, wheels/ carried)
 """
 from __future__ import annotations
 

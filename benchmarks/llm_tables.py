@@ -71,9 +71,12 @@ def speed(rows, fast):
     def of_ceiling(r):
         top = ceiling(rows, r)
         return pct(r["mfu"] * r["peak_flops"] / top) if top and r.get("mfu") is not None else "-"
+    allocator = ", ".join(sorted({f"`{r.get('allocator')}`" for r in fast}))
     return part("Tokens/s and MFU", "Per GPU. Compile: `torch.compile` of each decoder layer and of the loss; eager: "
                 "neither. Estimate: will_it_fit.py's tensors at that batch; allocated and reserved: the peaks "
-                "(`torch.cuda.max_memory_allocated`, `max_memory_reserved`).", fast,
+                "(`torch.cuda.max_memory_allocated`, `max_memory_reserved`). PYTORCH_CUDA_ALLOC_CONF: " + allocator
+                +
+                " (here and in the next two parts; the verdict's runs below keep the default allocator).", fast,
                 ["GPUs", "shape", "compile", "batch per GPU", "tokens/s per GPU", "MFU", "of the ceiling", "s/step",
                  "warm-up s", "estimate GiB", "allocated GiB", "reserved GiB", "target"],
                 [[r["gpus"], r["program"], "per layer + loss" if r.get("compile") else "eager", r["batch"],
@@ -137,9 +140,11 @@ def float8(rows):
                 "layers; lm_head stays bf16) before `fully_shard` and the per-layer compile, on the rows above: "
                 "against bf16 = tokens/s over the compiled bf16 row of the same GPUs and shape. MFU against the bf16 "
                 "peak." + "".join(f" Skipped: {r['error']}." for r in skipped), speed8 or skipped,
-                ["GPUs", "shape", "recipe", "batch per GPU", "tokens/s per GPU", "against bf16", "MFU", "allocated GiB"],
-                [[r["gpus"], r["program"], r["float8"], r["batch"], f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s")
-                  else r["outcome"], against(r), pct(r.get("mfu")), gib(r.get("peak_allocated"))] for r in speed8]) + \
+                ["GPUs", "shape", "recipe", "batch per GPU", "tokens/s per GPU", "against bf16", "MFU",
+                 "allocated GiB"],
+                [[r["gpus"], r["program"], r["float8"], r["batch"],
+                  f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else r["outcome"], against(r),
+                  pct(r.get("mfu")), gib(r.get("peak_allocated"))] for r in speed8]) + \
         part("float8's loss against bf16's", "200 steps from the same model, seed and data (h4096, batch 1 per GPU, "
              "eager); the mean loss of the last 20 steps against bf16's. The copy task's loss falls as the model "
              "learns to copy: a float8 curve on bf16's means its casts lost nothing that these steps needed; a gap "

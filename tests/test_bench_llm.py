@@ -25,8 +25,8 @@ def test_quick_mode_runs_every_llm_suite_and_writes_its_section(tmp_path):
     proc = subprocess.run([sys.executable, "benchmarks/bench.py", "--quick", "--suite", "llm", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "llm-1 (llm_speed, llm_fit): ok" in proc.stdout
-    assert "llm-2 (llm_trace, llm_fp8, llm_speed): ok" in proc.stdout
+    for launch in ("llm-1 (llm_speed)", "llm-2 (llm_trace, llm_speed, llm_fp8)", "llm_fit-1 (llm_fit)"):
+        assert f"{launch}: ok" in proc.stdout, proc.stdout
     log = (out / "bench.log").read_text()
     for line in ("llm_speed: matmul sweep skipped (no GPU)", "llm_fit: capped runs skipped (no GPU)",
                  "llm_trace: traces skipped (no GPU kernels on the CPU)",
@@ -38,6 +38,8 @@ def test_quick_mode_runs_every_llm_suite_and_writes_its_section(tmp_path):
     assert count == {"llm_speed": 8, "llm_trace": 6, "llm_fp8": 1, "llm_fit": 4}, count
     trained = [r for r in rows if r.get("outcome") == "trained"]
     assert len(trained) == 18 and all(r["quick"] and r["device_name"] == "CPU" for r in rows)
+    assert {r["allocator"] for r in trained if r["suite"] == "llm_fit"} == {"default"}  # the estimate's allocator
+    assert {r["allocator"] for r in trained if r["suite"] != "llm_fit"} == {"expandable_segments:True"}
     for r in trained:
         assert abs(r["tokens_per_s"] * r["step_s"] - r["batch"] * r["seq"]) < 1e-6 * r["batch"] * r["seq"]
         assert len(r["losses"]) == r["warmup"] + r["steps"] == 3 and r["seq"] == llm.QUICK_SEQ
@@ -71,7 +73,7 @@ def test_quick_mode_runs_every_llm_suite_and_writes_its_section(tmp_path):
 def test_the_plan_puts_every_llm_suite_in_two_calls_of_nine_minutes(capsys):
     # Each call: two bench.py runs, one after the other, into one --out (benchmarks/llm_suites.py's docstring)
     calls = ((["--gpus", "2", "--suite", "llm_trace,llm_speed"], ["--gpus", "1", "--suite", "llm_speed"]),
-             (["--gpus", "4", "--suite", "llm_fp8,llm_speed"], ["--gpus", "1", "--suite", "llm_fit"]))
+             (["--gpus", "1", "--suite", "llm_fit"], ["--gpus", "4", "--suite", "llm_speed,llm_fp8"]))
     for call in calls:
         seconds = 0.0
         for argv in call:
@@ -81,8 +83,8 @@ def test_the_plan_puts_every_llm_suite_in_two_calls_of_nine_minutes(capsys):
         assert seconds <= 9 * 60, (call, seconds)
     bench.main(["--plan", "--gpus", "1,2,4", "--suite", "llm"])  # llm: all four, each where it belongs
     text = capsys.readouterr().out
-    assert "llm-1: llm_speed, llm_fit\n" in text and "llm-2: llm_trace, llm_fp8, llm_speed\n" in text
-    assert "llm-4: llm_fp8, llm_speed\n" in text and "worker" not in text
+    assert "llm-1: llm_speed\n" in text and "llm-2: llm_trace, llm_speed, llm_fp8\n" in text
+    assert "llm-4: llm_speed, llm_fp8\n" in text and "llm_fit-1: llm_fit\n" in text and "worker" not in text
     with pytest.raises(SystemExit):
         bench.main(["--plan", "--suite", "llm_nothing"])
     assert "unknown suite(s) llm_nothing" in capsys.readouterr().err
