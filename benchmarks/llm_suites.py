@@ -44,9 +44,14 @@ def short(L) -> dict:
 
 
 def late(L, what: str) -> bool:
-    """True (and one line) once the launch is past its deadline (bench.py's budget): the run is skipped."""
+    """True (and one line) once the launch is past its deadline (bench.py's budget): the run is skipped. Every rank
+    skips, or none (an all_reduce of the ranks' clocks: one rank alone in a run would wait for the others)."""
     deadline = L.spec.get("deadline_s")
-    if deadline is None or time.monotonic() - BEGAN < deadline:
+    if deadline is None:
+        return False
+    past = torch.tensor([float(time.monotonic() - BEGAN >= deadline)], device=L.device)
+    dist.all_reduce(past, op=dist.ReduceOp.MAX)  # collective: every rank of the launch's group
+    if not past.item():
         return False
     if L.rank == 0:
         print(f"llm: {what} skipped: past the launch's deadline ({deadline:.0f} s)", flush=True)

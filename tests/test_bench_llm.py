@@ -123,7 +123,7 @@ def test_kernels_are_classified_and_exposed_communication_is_what_no_compute_cov
     assert llm_trace.busiest(str(tmp_path / "t.json"), 1) == [[events[0]["name"], "matmul", 0.4]]
 
 
-def test_an_out_of_memory_run_is_a_row_and_the_next_run_trains(monkeypatch):
+def test_an_out_of_memory_run_is_a_row_and_the_next_run_trains_and_a_late_run_is_skipped(monkeypatch, capsys):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from types import SimpleNamespace
@@ -140,6 +140,11 @@ def test_an_out_of_memory_run_is_a_row_and_the_next_run_trains(monkeypatch):
         assert row["outcome"] == "out of memory" and row["error"].endswith("4.64 GiB (simulated)")
         assert "tokens_per_s" not in row and "mfu" not in row
         assert llm.train(setup, L, mesh)["outcome"] == "trained"
+        L.spec = {"deadline_s": 3600.0}
+        assert not llm_suites.late(L, "llm_speed 1.1B eager") and capsys.readouterr().out == ""
+        L.spec = {"deadline_s": 0.0}  # every rank agrees (an all_reduce), and rank 0 says so
+        assert llm_suites.late(L, "llm_speed 1.1B eager")
+        assert capsys.readouterr().out == "llm: llm_speed 1.1B eager skipped: past the launch's deadline (0 s)\n"
     finally:
         dist.destroy_process_group()
 
