@@ -2,12 +2,14 @@
 
     python 08_your_model/port/train.py --data-dir data --epochs 2
 
-It imports nothing of the course. Its DDP version is train_ddp.py and its FSDP2 version train_fsdp.py:
-`diff train.py train_ddp.py` shows every change, and ../checklist.md the bug each change prevents.
+It imports nothing of the course. Its DDP version is train_ddp.py and its FSDP2 version train_fsdp.py: from the
+course folder, `diff 08_your_model/port/train.py 08_your_model/port/train_ddp.py` shows every change, and
+08_your_model/checklist.md the bug each change prevents. MNIST offline: python 01_setup/download_mnist.py first.
 """
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -57,15 +59,15 @@ class OneLineParser(argparse.ArgumentParser):
 def parse_args():
     p = OneLineParser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", default="data", help="folder holding MNIST/raw, downloaded there if missing "
-                   "(default: %(default)s)")
+                   "(default: %(default)s; offline: python 01_setup/download_mnist.py)")
     p.add_argument("--epochs", type=positive_int, default=3, help="passes over the training set (default: %(default)s)")
     p.add_argument("--batch-size", type=positive_int, default=64, help="training batch size (default: %(default)s)")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="Adam's learning rate (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="seed of the weights and the data order (default: %(default)s)")
     p.add_argument("--train-samples", type=positive_int, help="use the first N training images (default: all)")
     p.add_argument("--test-samples", type=positive_int, help="use the first N test images (default: all)")
-    p.add_argument("--checkpoint", default="checkpoints/mnist_cnn.pt", help="where the trained weights go "
-                   "(default: %(default)s)")
+    p.add_argument("--checkpoint", default="checkpoints/mnist_cnn.pt", help="where the weights of the epoch with "
+                   "the lowest test loss go (default: %(default)s)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="auto: cuda if a GPU is visible, else cpu (default: %(default)s)")
     args = p.parse_args()
@@ -81,11 +83,16 @@ def parse_args():
 def load_data(args):
     """The training and test sets, each cut to its first N images if asked; downloads MNIST if it is missing."""
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
+    folder = Path(args.data_dir) / "MNIST"
+    new_folder = not folder.exists()
     try:
         train_set = datasets.MNIST(args.data_dir, train=True, download=True, transform=transform)
         test_set = datasets.MNIST(args.data_dir, train=False, download=True, transform=transform)
     except (OSError, RuntimeError) as e:
-        sys.exit(f"error: MNIST is not in {args.data_dir}/MNIST/raw and could not be downloaded: {e}")
+        if new_folder:  # leave nothing behind: the failed download's folders and partial files
+            shutil.rmtree(folder, ignore_errors=True)
+        sys.exit(f"error: MNIST is not in {folder}/raw and could not be downloaded ({str(e).splitlines()[0]}): "
+                 f"get it with python 01_setup/download_mnist.py --data-dir {args.data_dir} (see 01_setup/README.md)")
     if args.train_samples:
         train_set = Subset(train_set, range(min(args.train_samples, len(train_set))))
     if args.test_samples:
@@ -122,6 +129,13 @@ def evaluate(model, loader, device):
     return loss_sum, correct, total
 
 
+def save(state, path):
+    """Writes `path` whole or not at all: a run stopped while saving keeps the file of the last best epoch."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
 def debug_record(model, **facts):
     """TEST HOOK (tests/test_port.py), off unless PORT_DEBUG_DIR is set: one JSON line per epoch and process."""
     if os.environ.get("PORT_DEBUG_DIR"):
@@ -132,26 +146,27 @@ def debug_record(model, **facts):
 
 def main():
     args = parse_args()
+    torch.manual_seed(args.seed)  # first, before anything random: the same seed, the same data order and weights
     device = torch.device(args.device)
     train_set, test_set = load_data(args)
     loader_options = {"num_workers": 2, "pin_memory": True} if device.type == "cuda" else {}
     train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, **loader_options)
     test_loader = DataLoader(test_set, batch_size=1000, **loader_options)
 
-    torch.manual_seed(args.seed)  # the same seed, the same initial weights
     model = Net().to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     print(f"training on {device}: {len(train_set)} training images, {len(test_set)} test images", flush=True)
+    best = float("inf")
     for epoch in range(1, args.epochs + 1):
         train_loss, seen = train_one_epoch(model, train_loader, optimizer, device)
         test_loss, correct, total = evaluate(model, test_loader, device)
         debug_record(model, epoch=epoch, train=[train_loss, seen], test=[test_loss, correct, total])
         print(f"epoch {epoch} | train_loss {train_loss / seen:.4f} | test_loss {test_loss / total:.4f} | "
               f"test_accuracy {correct / total:.4f} ({correct}/{total})", flush=True)
-
-    Path(args.checkpoint).parent.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), args.checkpoint)
-    print(f"saved {args.checkpoint}", flush=True)
+        if test_loss / total < best:  # keep the best epoch's weights
+            best = test_loss / total
+            save(model.state_dict(), args.checkpoint)
+            print(f"saved {args.checkpoint} (epoch {epoch})", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,14 @@
 
     torchrun --standalone --nproc_per_node=2 08_your_model/port/train_fsdp.py --data-dir data --epochs 2
 
-It imports nothing of the course. Its DDP version is train_ddp.py and its FSDP2 version train_fsdp.py:
-`diff train.py train_ddp.py` shows every change, and ../checklist.md the bug each change prevents.
+It imports nothing of the course. Its DDP version is train_ddp.py and its FSDP2 version train_fsdp.py: from the
+course folder, `diff 08_your_model/port/train.py 08_your_model/port/train_ddp.py` shows every change, and
+08_your_model/checklist.md the bug each change prevents. MNIST offline: python 01_setup/download_mnist.py first.
 """
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -61,15 +63,16 @@ class OneLineParser(argparse.ArgumentParser):
 def parse_args():
     p = OneLineParser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", default="data", help="folder holding MNIST/raw, downloaded there if missing "
-                   "(default: %(default)s)")
+                   "(default: %(default)s; offline: python 01_setup/download_mnist.py)")
     p.add_argument("--epochs", type=positive_int, default=3, help="passes over the training set (default: %(default)s)")
-    p.add_argument("--batch-size", type=positive_int, default=64, help="training batch size (default: %(default)s)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="training images per process and step: each "
+                   "step averages all processes' (default: %(default)s)")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="Adam's learning rate (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="seed of the weights and the data order (default: %(default)s)")
     p.add_argument("--train-samples", type=positive_int, help="use the first N training images (default: all)")
     p.add_argument("--test-samples", type=positive_int, help="use the first N test images (default: all)")
-    p.add_argument("--checkpoint", default="checkpoints/mnist_cnn.pt", help="where the trained weights go "
-                   "(default: %(default)s)")
+    p.add_argument("--checkpoint", default="checkpoints/mnist_cnn.pt", help="where the weights of the epoch with "
+                   "the lowest test loss go (default: %(default)s)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="auto: cuda if a GPU is visible, else cpu (default: %(default)s)")
     args = p.parse_args()
@@ -85,11 +88,16 @@ def parse_args():
 def load_data(args):
     """The training and test sets, each cut to its first N images if asked; downloads MNIST if it is missing."""
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
+    folder = Path(args.data_dir) / "MNIST"
+    new_folder = not folder.exists()
     try:
         train_set = datasets.MNIST(args.data_dir, train=True, download=True, transform=transform)
         test_set = datasets.MNIST(args.data_dir, train=False, download=True, transform=transform)
     except (OSError, RuntimeError) as e:
-        sys.exit(f"error: MNIST is not in {args.data_dir}/MNIST/raw and could not be downloaded: {e}")
+        if new_folder:  # leave nothing behind: the failed download's folders and partial files
+            shutil.rmtree(folder, ignore_errors=True)
+        sys.exit(f"error: MNIST is not in {folder}/raw and could not be downloaded ({str(e).splitlines()[0]}): "
+                 f"get it with python 01_setup/download_mnist.py --data-dir {args.data_dir} (see 01_setup/README.md)")
     if args.train_samples:
         train_set = Subset(train_set, range(min(args.train_samples, len(train_set))))
     if args.test_samples:
@@ -126,6 +134,13 @@ def evaluate(model, loader, device):
     return loss_sum, correct, total
 
 
+def save(state, path):
+    """Writes `path` whole or not at all: a run stopped while saving keeps the file of the last best epoch."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
 def debug_record(model, **facts):
     """TEST HOOK (tests/test_port.py), off unless PORT_DEBUG_DIR is set: one JSON line per epoch and process."""
     if os.environ.get("PORT_DEBUG_DIR"):
@@ -136,13 +151,14 @@ def debug_record(model, **facts):
 
 def main():
     args = parse_args()
+    torch.manual_seed(args.seed)  # first, the same on every rank: fully_shard broadcasts nothing (DDP copies rank 0's)
     local_rank = int(os.environ["LOCAL_RANK"])  # torchrun sets LOCAL_RANK, RANK and WORLD_SIZE in each process
     device = torch.device("cuda", local_rank) if args.device == "cuda" else torch.device("cpu")  # GPU by LOCAL rank
     if device.type == "cuda":
         torch.cuda.set_device(device)  # this process uses this GPU only
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",  # a collective: every rank calls it;
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",  # before any collective; every rank calls it:
                             device_id=device if device.type == "cuda" else None)  # it reads RANK, WORLD_SIZE, MASTER_*
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # the GLOBAL rank: 0..world_size-1 over all nodes
+    rank, world_size = dist.get_rank(), dist.get_world_size()  # GLOBAL: rank 0..world_size-1 over all nodes
     if rank == 0:
         load_data(args)  # rank 0 downloads MNIST if it is missing; the others wait, or they would all write it
     dist.barrier()  # a collective: every rank calls it
@@ -156,7 +172,6 @@ def main():
     # FSDP gathers each block's weights INSIDE forward, a collective: every rank must run as many forwards as rank 0.
     extra_forwards = -(-len(range(0, len(test_set), world_size)) // 1000) - len(test_loader)
 
-    torch.manual_seed(args.seed)  # the same on every rank: fully_shard broadcasts nothing (DDP copies rank 0's weights)
     model = Net().to(device)  # the whole model on every rank, for a moment; each keeps its shard of it below
     mesh = init_device_mesh(device.type, (world_size,))
     for block in [*model.blocks, model.head]:
@@ -164,7 +179,8 @@ def main():
     fully_shard(model, mesh=mesh)  # the root too: it holds what the blocks left (nothing here)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     print(f"[rank {rank}/{world_size}] training on {device}: {len(train_sampler)} of {len(train_set)} training images, "
-          f"{len(test_shard)} of {len(test_set)} test images", flush=True)
+          f"{len(test_shard)} of {len(test_set)} test images, a step of {args.batch_size} x {world_size}", flush=True)
+    best = float("inf")
     for epoch in range(1, args.epochs + 1):
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         train_loss, seen = train_one_epoch(model, train_loader, optimizer, device)
@@ -180,18 +196,16 @@ def main():
         if rank == 0:
             print(f"epoch {epoch} | train_loss {train_loss / seen:.4f} | test_loss {test_loss / total:.4f} | "
                   f"test_accuracy {correct / total:.4f} ({correct:.0f}/{total:.0f})", flush=True)
-
-    # Saving: the full weights, gathered on rank 0's CPU and saved as train.py saves them, one file that Net() loads.
-    # (DCP, torch.distributed.checkpoint, writes each rank's shards instead: for a model too big for one CPU's memory.)
-    # get_model_state_dict is a collective: every rank calls it.
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:  # one writer
-        Path(args.checkpoint).parent.mkdir(parents=True, exist_ok=True)
-        torch.save(state, args.checkpoint)
-        print(f"saved {args.checkpoint}", flush=True)
-    dist.barrier()  # a collective: every rank calls it; no rank ends before the file is complete
-    dist.destroy_process_group()
-
+        if test_loss / total < best:  # the ALL-REDUCED loss: every rank takes the same branch
+            best = test_loss / total
+            # The full weights, gathered on rank 0's CPU: one file that train.py's Net() loads. (DCP,
+            # torch.distributed.checkpoint, writes each rank's shards instead: for a model too big for one CPU.)
+            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if rank == 0:  # one writer; get_model_state_dict above is a collective: every rank calls it
+                save(state, args.checkpoint)
+                print(f"saved {args.checkpoint} (epoch {epoch})", flush=True)
+            dist.barrier()  # a collective: every rank calls it; no rank goes on before the file is complete
+    dist.destroy_process_group()  # the last collective call: every rank leaves the group, no rank waits on it
 
 if __name__ == "__main__":
     main()

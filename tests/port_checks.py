@@ -1,0 +1,292 @@
+"""tests/test_port.py's runs and checks: how a port (or a variant of it, one checklist item removed) is launched, and
+what each rank's record and the printed lines must show. Each check raises AssertionError when its item is missing:
+  finishes        every process exits 0 within the deadline, with no Python warning
+  shards          each epoch, the ranks trained on disjoint shards that together are the training set once
+  new_order       each rank's order differs between epochs
+  one_writer      torch.save ran on rank 0 only (seen by a sitecustomize wrapped around torch.save, outside the port)
+  train_loss      the printed train loss is the sum of every rank's losses over the sum of their images
+  exact_test      the saved epoch's printed test line equals one plain process evaluating the saved weights
+  replicas        the ranks hold the same weights after each epoch (a checksum each rank records)
+  plain_keys      the saved weights load into train.py's Net: its names, no "module." prefix
+  leaves_group    every rank called destroy_process_group (seen by the same sitecustomize)
+  same_as_ddp     train_fsdp.py's weights equal train_ddp.py's, same flags
+What each rank trained on and its checksum come from the ports' test hook (debug_record, PORT_DEBUG_DIR).
+"""
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from common.distributed import free_port
+from lessons import ROOT
+
+PORT = ROOT / "08_your_model" / "port"
+TRAIN = 512  # training images: 256 per rank, 8 steps of 32
+TEST_DDP, TEST_FSDP = 101, 2001  # odd: the ranks get 51 and 50; 1001 and 1000, i.e. 2 test batches and 1
+FLAGS = ["--epochs", "2", "--batch-size", "32", "--train-samples", str(TRAIN), "--device", "cpu"]
+SPY = """import os
+if os.environ.get("PORT_DEBUG_DIR") and "RANK" in os.environ:  # torchrun's workers only
+    import torch, torch.distributed
+    def _spy(module, name, log):
+        real = getattr(module, name)
+        def spy(*args, **kwargs):
+            with open(os.path.join(os.environ["PORT_DEBUG_DIR"], log), "a") as f:
+                f.write(os.environ["RANK"] + "\\n")
+            return real(*args, **kwargs)
+        setattr(module, name, spy)
+    _spy(torch, "save", "torch_save_calls")
+    _spy(torch.distributed, "destroy_process_group", "destroy_calls")
+"""
+FAKE_SLURM = {  # stand-ins that let bash run the sbatch template on this machine, as one node
+    "srun": '#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done  # its options; then the command, once\nexec "$@"\n',
+    "scontrol": '#!/bin/bash\n[ "$2" != hostnames ] || echo localhost\n',
+}
+INIT = ('dist.init_process_group("nccl" if device.type == "cuda" else "gloo",', "device_id=device if device.type")
+OWN_LOSS = [("        sums = torch.tensor(", "        own_loss = test_loss / total  # this rank's shard only\n"
+             "        sums = torch.tensor("), ("if test_loss / total < best:", "if own_loss < best:"),
+            ("best = test_loss / total", "best = own_loss")]
+
+# Each variant: a checklist item removed from a port. (script, [(text, replacement, or None to delete its line)],
+# the layout it runs in, and the check it must fail.)
+VARIANTS = {
+    "no_init_process_group": ("train_ddp.py", [(INIT[0], None), (INIT[1], None)], "1x2", "finishes"),
+    "rank_and_size_of_the_node": ("train_ddp.py", [("dist.get_rank(), dist.get_world_size()  #",
+                                                    'local_rank, int(os.environ["LOCAL_WORLD_SIZE"])  #')],
+                                  "2x1", "shards"),
+    "no_distributed_sampler": ("train_ddp.py", [("sampler=train_sampler", "shuffle=True")], "1x2", "shards"),
+    "sharded_by_local_rank": ("train_ddp.py", [("rank=rank, shuffle=True", "rank=local_rank, shuffle=True")],
+                              "2x1", "shards"),
+    "no_set_epoch": ("train_ddp.py", [("train_sampler.set_epoch(epoch)", None)], "1x2", "new_order"),
+    "every_rank_saves": ("train_ddp.py", [("if rank == 0:  # one writer", "if True:  # one writer")], "1x2",
+                         "one_writer"),
+    "train_loss_of_rank_0": ("train_ddp.py", [("dist.all_reduce(sums)", None)], "1x2", "train_loss"),
+    "means_of_rank_means": ("train_ddp.py", [("[train_loss, seen, test_loss, correct, total]",
+                                              "[train_loss / seen, 1, test_loss / total, correct / total, 1]")],
+                            "1x2", "exact_test"),
+    "padded_test_shard": ("train_ddp.py", [("Subset(test_set, range(rank, len(test_set), world_size))",
+                                            "Subset(test_set, list(DistributedSampler(test_set, shuffle=False)))")],
+                          "1x2", "exact_test"),
+    "no_ddp_wrap": ("train_ddp.py", [('DDP(net, device_ids=[local_rank] if device.type == "cuda" else None)', "net"),
+                                     ("model.module.state_dict()", "model.state_dict()")], "1x2", "replicas"),
+    "saves_the_wrapper": ("train_ddp.py", [("model.module.state_dict()", "model.state_dict()")], "1x2",
+                          "plain_keys"),
+    "best_by_own_shard": ("train_ddp.py", OWN_LOSS, "1x2", "finishes"),  # on test labels that rank 1 gets wrong
+    "seed_per_rank_ddp": ("train_ddp.py", [("torch.manual_seed(args.seed)",
+                                            'torch.manual_seed(args.seed + int(os.environ["RANK"]))'),
+                                           ("seed=args.seed)", "seed=args.seed + rank)")], "1x2", "shards"),
+    "no_destroy_process_group": ("train_ddp.py", [("dist.destroy_process_group()", None)], "1x2", "leaves_group"),
+    "seed_per_rank": ("train_fsdp.py", [("torch.manual_seed(args.seed)",
+                                         'torch.manual_seed(args.seed + int(os.environ["RANK"]))')],
+                      "1x2", "same_as_ddp"),
+}
+
+
+def variant(name: str, folder: Path) -> Path:
+    """A copy of the port with the replacements of VARIANTS[name]; each replaced text must occur exactly once."""
+    script, replacements, _, _ = VARIANTS[name]
+    text = (PORT / script).read_text()
+    for old, new in replacements:
+        assert text.count(old) == 1, f"{name}: {old!r} occurs {text.count(old)} times in {script}"
+        if new is None:
+            start = text.rindex("\n", 0, text.index(old)) + 1
+            text = text[:start] + text[text.index("\n", start) + 1:]
+        else:
+            text = text.replace(old, new)
+    path = folder / f"{name}.py"
+    path.write_text(text)
+    return path
+
+
+def launch(script: Path, data_dir: str, out: Path, layout: str = "1x2", test_samples: int = TEST_DDP,
+           flags=FLAGS, deadline_s: float = 300):
+    """Run `script` as NODESxPROCS: 1x2 is torchrun --standalone with 2 processes; 2x1 is two torchruns of one process
+    each on this machine, as two nodes (every LOCAL_RANK is 0); slurm is 08_your_model/slurm_submit_any.sh run by
+    bash as a one-node job of 2 processes; 1 is plain python. A run past `deadline_s` is stopped (a hang). Returns
+    what the run printed, recorded and saved."""
+    out.mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PORT_DEBUG_DIR": str(out),
+           "PYTHONPATH": str(out.parent / "spy")}
+    args = [str(script), "--data-dir", data_dir, "--test-samples", str(test_samples),
+            "--checkpoint", str(out / "model.pt"), *flags]
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    if layout == "1":
+        commands = [[sys.executable] + args]
+    elif layout == "1x2":
+        commands = [torchrun + ["--standalone", "--nproc_per_node=2"] + args]
+    elif layout == "slurm":
+        commands = [["bash", str(ROOT / "08_your_model" / "slurm_submit_any.sh"), str(script.relative_to(ROOT)),
+                     *args[1:]]]
+        env.update(SLURM_JOB_ID="7", SLURM_JOB_NAME="any", SLURM_SUBMIT_DIR=str(ROOT), SLURM_JOB_NODELIST="localhost",
+                   SLURM_NNODES="1", SLURM_CPUS_PER_TASK="2", NPROC_PER_NODE="2", MASTER_PORT=str(free_port()),
+                   PATH=f"{out.parent / 'fakebin'}:{os.environ['PATH']}")
+    else:
+        port = free_port()
+        commands = [torchrun + ["--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1", "--master_addr=127.0.0.1",
+                                f"--master_port={port}"] + args for node in (0, 1)]
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=out,
+                              start_new_session=True) for c in commands]
+    outputs, hung = [], False
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=deadline_s)[0])
+        except subprocess.TimeoutExpired:
+            hung = True
+            for q in procs:  # SIGTERM: torchrun stops its workers (each in a session of its own) before it exits
+                if q.poll() is None:
+                    os.killpg(q.pid, signal.SIGTERM)
+            outputs.append(p.communicate(timeout=60)[0])
+    output = "\n".join(outputs)
+    ranks = (0,) if layout == "1" else (0, 1)
+    records = {r: [json.loads(line) for line in (out / f"rank{r}.jsonl").read_text().splitlines()]
+               if (out / f"rank{r}.jsonl").exists() else [] for r in ranks}
+    calls = {log: (out / log).read_text().split() if (out / log).exists() else []
+             for log in ("torch_save_calls", "destroy_calls")}
+    epochs = [dict(zip(("epoch", "train_loss", "test_loss", "accuracy", "correct", "total"), map(float, m.groups())))
+              for m in re.finditer(r"^epoch (\d+) \| train_loss (\S+) \| test_loss (\S+) \| test_accuracy (\S+) "
+                                   r"\((\d+)/(\d+)\)$", output, re.M)]
+    saved = [int(e) for e in re.findall(r"^saved \S+ \(epoch (\d+)\)$", output, re.M)]
+    return SimpleNamespace(output=output, records=records, saves=calls["torch_save_calls"], saved_epochs=saved,
+                           destroys=calls["destroy_calls"], epochs=epochs, checkpoint=out / "model.pt",
+                           data_dir=data_dir, test_samples=test_samples, hung=hung,
+                           returncodes=[p.returncode for p in procs])
+
+
+def load_port(name: str):
+    spec = importlib.util.spec_from_file_location(f"port_{name}", PORT / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TRAIN_PY = load_port("train")
+
+
+def weights(run) -> dict:
+    return torch.load(run.checkpoint, weights_only=True)
+
+
+def check_finishes(run, reference=None):
+    assert not run.hung and run.returncodes == [0] * len(run.returncodes) and "Warning" not in run.output, \
+        f"did not finish ({'stopped at the deadline' if run.hung else run.returncodes}): {run.output[-3000:]}"
+
+
+def check_shards(run, reference=None):
+    for e in range(2):
+        shards = [run.records[r][e]["indices"] for r in (0, 1)]
+        assert sorted(shards[0] + shards[1]) == list(range(TRAIN)), f"epoch {e + 1}: shards overlap or miss images"
+
+
+def check_new_order(run, reference=None):
+    for r in (0, 1):
+        assert run.records[r][0]["indices"] != run.records[r][1]["indices"], f"rank {r}: same order in both epochs"
+
+
+def check_one_writer(run, reference=None):
+    assert run.saves and set(run.saves) == {"0"}, f"torch.save called by ranks {run.saves}"
+
+
+def check_train_loss(run, reference=None):
+    assert len(run.epochs) == 2, run.output[-2000:]
+    for e, printed in enumerate(run.epochs):
+        loss_sum, seen = (sum(run.records[r][e]["train"][i] for r in (0, 1)) for i in (0, 1))
+        assert seen == TRAIN and printed["train_loss"] == pytest.approx(loss_sum / seen, abs=6e-5), \
+            f"epoch {e + 1}: printed train loss {printed['train_loss']}, all ranks' mean {loss_sum / seen:.4f}"
+
+
+def check_exact_test(run, reference=None):
+    """One plain process (train.py's own evaluate) on the saved weights and the whole test set, against the line of
+    the epoch whose weights were saved last: the one with the lowest printed test loss."""
+    best = min(run.epochs, key=lambda e: e["test_loss"])
+    assert run.saved_epochs[-1] == best["epoch"], f"saved epochs {run.saved_epochs}, printed {run.epochs}"
+    model = TRAIN_PY.Net()
+    model.load_state_dict(weights(run))
+    _, test_set = TRAIN_PY.load_data(SimpleNamespace(data_dir=run.data_dir, train_samples=1,
+                                                     test_samples=run.test_samples))
+    loss_sum, correct, total = TRAIN_PY.evaluate(model, DataLoader(test_set, batch_size=1000), torch.device("cpu"))
+    assert (best["correct"], best["total"]) == (correct, total) == (correct, run.test_samples), \
+        f"test counts: printed {best}, one process {correct}/{total}"
+    assert best["test_loss"] == pytest.approx(loss_sum / total, abs=1e-4), \
+        f"test loss: printed {best}, one process {loss_sum / total:.4f}"
+
+
+def check_replicas(run, reference=None):
+    for e in range(2):
+        assert run.records[0][e]["checksum"] == run.records[1][e]["checksum"], f"epoch {e + 1}: replicas differ"
+
+
+def check_plain_keys(run, reference=None):
+    names = sorted(weights(run))
+    assert names == sorted(TRAIN_PY.Net().state_dict()), f"saved names are not Net's: {names[:2]}, ..."
+
+
+def check_leaves_group(run, reference=None):
+    assert sorted(run.destroys) == ["0", "1"], f"destroy_process_group called by ranks {run.destroys}"
+
+
+def check_same_as_ddp(run, reference):
+    mine, ddp = weights(run), weights(reference)
+    assert mine.keys() == ddp.keys()
+    for name in ddp:
+        torch.testing.assert_close(mine[name], ddp[name], atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+CHECKS = {name[len("check_"):]: f for name, f in globals().items() if name.startswith("check_")}
+FAILS_WITH = {"finishes": "did not finish", "shards": "shards overlap", "new_order": "same order",
+              "one_writer": "torch.save called by ranks", "train_loss": "printed train loss", "exact_test": "printed",
+              "replicas": "replicas differ", "plain_keys": "saved names are not Net's",
+              "leaves_group": "destroy_process_group called by ranks",
+              "same_as_ddp": "not close"}  # the message that says the check failed, not another error
+DDP_CHECKS = ["finishes", "shards", "new_order", "one_writer", "train_loss", "exact_test", "replicas", "plain_keys",
+              "leaves_group"]
+
+
+def wrong_half_of_the_test_labels(data_dir: str, folder: Path) -> str:
+    """A copy of `data_dir` whose odd test images (rank 1's shard) carry the next class's label: as training goes on,
+    rank 1's own test loss rises while rank 0's falls, so a branch each rank decides alone splits them."""
+    raw = folder / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for f in (Path(data_dir) / "MNIST" / "raw").iterdir():
+        data = bytearray(f.read_bytes())
+        if f.name == "t10k-labels-idx1-ubyte":
+            data[9::2] = bytes((label + 1) % 10 for label in data[9::2])  # after the 8-byte header
+        (raw / f.name).write_bytes(bytes(data))
+    return str(folder)
+
+
+def small_bn_net(batchnorm: bool) -> torch.nn.Module:
+    """A small classifier with or without a BatchNorm layer, the same weights every time."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8) if batchnorm else nn.Identity(), nn.ReLU(),
+                         nn.Linear(8, 3))
+
+
+def ddp_grads(state, batchnorm, data, target):
+    """A rank's gradients after DDP's backward on its half of the batch; with BatchNorm, also DDP's refusal of the
+    SyncBatchNorm version on a CPU."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = small_bn_net(batchnorm)
+    model.load_state_dict(state)
+    shard = slice(rank * len(data) // world_size, (rank + 1) * len(data) // world_size)
+    ddp = DDP(model)  # kept alive: its reducer all-reduces the gradients during backward
+    torch.nn.functional.cross_entropy(ddp(data[shard]), target[shard]).backward()
+    refused = None
+    if batchnorm:
+        try:
+            DDP(torch.nn.SyncBatchNorm.convert_sync_batchnorm(small_bn_net(True)))
+        except ValueError as e:
+            refused = str(e)
+    dist.destroy_process_group()
+    return [p.grad.clone() for p in model.parameters()], refused
