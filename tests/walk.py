@@ -19,7 +19,8 @@ lines (this walk is part of it), and `diff` lines, which get `|| true` (differin
 Every shown line that starts with a word the scripts print (CHECKED) must equal a printed line, once times,
 rates, hosts, ports, pids and temporary paths are masked (MASKS); `...` inside a line stands for elided text.
 Numbers that depend on the order of floating-point sums (losses, accuracies and their correct counts) need only
-be within TOLERANCE of the shown ones: the course's convention, stated once in README.md ("Your digits").
+be within TOLERANCE of the shown ones: the course's convention, stated once in README.md ("Your digits"), where
+the headroom rule is stated too (HEADROOM: half of it under other CPU kernels, tests/test_readme_walk.py).
 A block that prints more such lines than it shows must show a `...` line.
 """
 from __future__ import annotations
@@ -68,6 +69,9 @@ MASKS = [  # what differs between two runs of the same command; order matters (r
 TOLERANCE = {"accuracy": 0.02,  # absolute: 2 points of accuracy; the correct count within 2% of the test images
              "loss": 0.10,      # relative: 10% of the page's loss,
              "loss_abs": 0.02}  # or 0.02 where that is more (a small loss moves by more than 10% of itself)
+# The headroom rule: under other kernels on the developers' host (AVX2, no vector kernels), a page's number holds
+# within half the tolerance, because another host moves further than a forced kernel setting does (issue 43).
+HEADROOM = {kind: limit / 2 for kind, limit in TOLERANCE.items()}
 VARIES = re.compile(r"(?<=accuracy )\d+\.\d+|(?<=loss )\d+\.\d+|(?<=\()\d+(?=/\d+\))")
 
 
@@ -128,7 +132,7 @@ def mask(line: str) -> str:
     return line
 
 
-def compare(shown: str, printed: str) -> list[str]:
+def compare(shown: str, printed: str, tolerance: dict = TOLERANCE) -> list[str]:
     """What is wrong with a shown output block, given what its commands printed ([]: nothing)."""
     out = [mask(line) for line in printed.splitlines()]
     available = [line for line in out if line.startswith(CHECKED) and not PROGRESS.match(line)]
@@ -140,10 +144,11 @@ def compare(shown: str, printed: str) -> list[str]:
         shown_checked += 1
         want = mask(line)
         pattern, kinds = _pattern(want, tolerant=True)
-        match = next((i for i, real in enumerate(available) if _within(pattern.fullmatch(real), want, kinds)), None)
+        match = next((i for i, real in enumerate(available) if _within(pattern.fullmatch(real), want, kinds, tolerance)),
+                     None)
         if match is None:
             close = difflib.get_close_matches(want, available, n=1, cutoff=0)
-            problems.append(f"shows      {line.rstrip()}\n  printed no such line (within TOLERANCE)" +
+            problems.append(f"shows      {line.rstrip()}\n  printed no such line (within {_name(tolerance)})" +
                             (f"; the closest (masked) is\n             {close[0]}" if close else ""))
         else:
             available.pop(match)
@@ -170,15 +175,15 @@ def _pattern(masked: str, tolerant: bool = False):
     return re.compile("".join(parts)), kinds
 
 
-def _within(match: re.Match | None, want: str, kinds: list) -> bool:
-    """Whether each varying number of a printed line is within TOLERANCE of the shown one."""
+def _within(match: re.Match | None, want: str, kinds: list, tolerance: dict) -> bool:
+    """Whether each varying number of a printed line is within `tolerance` of the shown one."""
     if match is None:
         return False
     shown = [float(m.group()) for m in VARIES.finditer(want)]
     for kind, page, printed in zip(kinds, shown, map(float, match.groups())):
-        limit = (max(TOLERANCE["loss"] * page, TOLERANCE["loss_abs"]) if kind == "loss" else
-                 TOLERANCE["accuracy"] if kind == "accuracy" else
-                 TOLERANCE["accuracy"] * kind)  # a correct count out of `kind` test images
+        limit = (max(tolerance["loss"] * page, tolerance["loss_abs"]) if kind == "loss" else
+                 tolerance["accuracy"] if kind == "accuracy" else
+                 tolerance["accuracy"] * kind)  # a correct count out of `kind` test images
         if abs(printed - page) > limit + 1e-9:
             return False
     return True
@@ -265,7 +270,11 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def check(block: Block, code: int, out: str) -> list[str]:
+def _name(tolerance: dict) -> str:
+    return "HEADROOM, half the TOLERANCE" if tolerance == HEADROOM else "TOLERANCE"
+
+
+def check(block: Block, code: int, out: str, tolerance: dict = TOLERANCE) -> list[str]:
     shown = block.shown or ""
     problems = []
     expect_error = any(line.startswith("error:") for line in shown.splitlines())
@@ -283,7 +292,7 @@ def check(block: Block, code: int, out: str) -> list[str]:
     warning = re.search(r"^.*\b\w*Warning: .*$", out, re.M)
     if warning and warning.group(0).strip() not in shown:
         problems.append(f"a Python warning the page does not show: {warning.group(0).strip()}")
-    return problems + (compare(shown, out) if block.shown is not None else [])
+    return problems + (compare(shown, out, tolerance) if block.shown is not None else [])
 
 
 def walk_page(page: Path, course: Path = ROOT, workdir: Path | None = None, mnist: Path | None = None,
