@@ -8,7 +8,6 @@ torchrun --standalone. Each checklist item has a variant of a port with that ite
 copy; the replaced text must exist), and the variant fails a check that the correct port passes (the checks:
 tests/port_checks.py). Most variants still run to the end with exit 0: their bugs are silent.
 """
-import difflib
 import os
 import re
 import subprocess
