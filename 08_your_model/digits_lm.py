@@ -11,6 +11,7 @@ From the course folder:
         --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --export runs/08_digits_lm_hf --draw
 """
 import json
+import signal
 import socket
 import sys
 import time
@@ -43,6 +44,7 @@ from common.history import History
 from common.log import log0, log_all
 from common.position import Position
 from common.samplers import EvalSampler
+from common.signals import StopSignals
 from digits_data import LEVELS, PIXELS, draw, pixel_tokens
 from flops import mfu
 from hf_export import export
@@ -81,10 +83,12 @@ def next_pixel_logits(model, tokens):
     return model(input_ids=tokens[:, :-1], use_cache=False).logits.float()
 
 
-def train(model, loader, optimizer, position, args, device) -> dict:
+def train(model, loader, optimizer, position, args, device, stop, stop_group) -> dict:
     model.train()
     meter = position.meter(device)
     for (tokens,) in position.remaining(loader, args):  # up to --max-steps batches
+        if position.step % 10 == 0 and stop.agreed(stop_group):  # every 10 steps, all ranks: a stop was requested
+            break  # between two steps; the caller saves a checkpoint here
         tokens = tokens.to(device, non_blocking=True)
         loss = F.cross_entropy(next_pixel_logits(model, tokens).flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()  # FSDP reduce-scatters each unit's gradients (fp32): every rank receives its shard's part
@@ -297,17 +301,24 @@ def main(argv=None):
         log0(f"before training | test_loss {before['loss']:.4f} | test_accuracy {before['accuracy']:.4f} "
              f"({before['correct']}/{before['count']})")
 
-    saver = Saver(checkpoints, args.async_checkpoint)
-    for epoch in range(position.epoch, args.epochs + 1):
-        train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        train_stats = train(model, train_loader, optimizer, position, args, device)
-        history.add(epoch, train_stats, test(model, test_loader, device), lr=args.lr,  # test_accuracy: next pixel
-                    rates=rates(train_stats, config, parameters, device))
-        position.next_epoch()
-        saver.save(checkpoints.path(position), checkpoint_state(model, optimizer, position, history, checkpoints))
-    saver.wait()  # an async checkpoint still being written: finished and named before anything else
+    saver, stop_group = Saver(checkpoints, args.async_checkpoint), dist.new_group(backend="gloo")  # stop votes: CPU
+    with StopSignals(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as stop:  # Ctrl-C, Slurm's warning and its end
+        for epoch in range(position.epoch, args.epochs + 1):
+            train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+            train_stats = train(model, train_loader, optimizer, position, args, device, stop, stop_group)
+            if stop.agreed(stop_group, now=True):  # also a request after the epoch's last check: all ranks save here
+                state = checkpoint_state(model, optimizer, position, history, checkpoints)
+                saver.save(checkpoints.path(position), state)
+                saver.wait()  # on disk and named before the report
+                stop.report(position.epoch, position.step)
+                break
+            history.add(epoch, train_stats, test(model, test_loader, device), lr=args.lr,  # test_accuracy: next pixel
+                        rates=rates(train_stats, config, parameters, device))
+            position.next_epoch()
+            saver.save(checkpoints.path(position), checkpoint_state(model, optimizer, position, history, checkpoints))
+        saver.wait()  # an async checkpoint still being written: finished and named before anything else
     history.close()
-    if args.export or args.draw:
+    if (args.export or args.draw) and not stop.request:
         finish(model, config, args, device)
     dist.destroy_process_group()
     return history.record
