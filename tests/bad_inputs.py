@@ -17,6 +17,10 @@ Every lesson script (02-07, and 01's download_mnist.py; hello_distributed.py and
   interruptions  a second run into a used --output-dir (refused at once, before data is loaded), Ctrl-C
                  while the data loads (outside a checkpointing stop: exit 130, one line)
 
+Lesson 08's digits_lm.py has a parser of its own (no base_parser): its rows (_digits_rows) cover every flag, numbers
+as above, choices, switches given a value, --model-config and --pretrained files and folders (missing, not a
+decoder, no weights, weights that do not match config.json: the last also under torchrun), --export, --resume.
+
 Under torchrun with 2 ranks as well (TORCHRUN_ROWS, lessons 04-07 only: 02 and 03 make no process group)
 run only the mistakes where the ranks must agree: a failing rank (rank 0 cannot find the data while rank 1
 waits in a barrier), more ranks than batches, a checkpoint of another lesson, a corrupt checkpoint, Ctrl-C,
@@ -50,7 +54,8 @@ from dataclasses import dataclass, replace
 from lessons import ROOT, SCRIPTS as LESSON_SCRIPTS
 
 SCRIPTS = {**{k: v for k, v in LESSON_SCRIPTS.items() if k != "01"}, "download": ROOT / "01_setup" / "download_mnist.py",
-           "check_env": ROOT / "01_setup" / "check_env.py", "hello": ROOT / "01_setup" / "hello_distributed.py"}
+           "check_env": ROOT / "01_setup" / "check_env.py", "hello": ROOT / "01_setup" / "hello_distributed.py",
+           "08": ROOT / "08_your_model" / "digits_lm.py"}
 LESSONS = ("02", "03", "04", "05", "06", "07")
 TWO_RANKS = ("07",)  # a pipeline needs 2 processes: rows past the launch check, and the artifact, under torchrun
 MODES = ("python", "torchrun")
@@ -339,8 +344,68 @@ def _device_flag_rows() -> list[Case]:
              needles=("unrecognized arguments: --devise",)))]
 
 
+# Lesson 08's digits_lm.py has its own parser (no base_parser): its small run, and its --pretrained folders
+# (bad_input_runs.make_pretrained_folders: a tiny Llama written by save_pretrained, then its config.json edited).
+DIGITS_SMALL = ("--data", "synthetic", "--data-dir", "{data}", "--train-samples", "64", "--test-samples", "16",
+                "--batch-size", "32", "--epochs", "1", "--max-steps", "1", "--dtype", "float32",
+                "--output-dir", "{out}")
+
+
+def _digits_rows() -> list[Case]:
+    """Every flag of digits_lm.py: numbers (_value_rows), choices, files, folders and the switches."""
+    base, mismatch = DIGITS_SMALL, "its weights do not match its config.json"
+    choices = [("dtype", "float16"), ("data", "imagenet"), ("device", "gpu"), ("export-dtype", "float16")]
+    switches = ["--ac", "--async-checkpoint", "--draw", "--dry-run"]
+    return _value_rows("08") + [
+        Case("08-typo-flag", "08", "--epoch 1 (for --epochs)", (*base, "--epoch", "1"),
+             needles=("unrecognized arguments: --epoch 1",)),
+        *[Case(f"08-{flag}-{value}", "08", f"--{flag} {value}", (*base, f"--{flag}", value),
+               needles=(f"argument --{flag}: invalid choice: '{value}'",)) for flag, value in choices],
+        *[Case(f"08-{flag[2:]}-with-a-value", "08", f"{flag} yes (a switch takes no value)", (*base, flag, "yes"),
+               needles=("unrecognized arguments: yes",)) for flag in switches],
+        Case("08-compile-backend-typo", "08", "--compile inductr (for inductor)", (*base, "--compile", "inductr"),
+             needles=("--compile inductr: not a torch.compile backend", "inductor")),
+        Case("08-model-config-missing", "08", "--model-config of a file that is not there",
+             (*base, "--model-config", "{case}/config.json"), needles=("--model-config {case}/config.json",
+                                                                      "No such file or directory")),
+        Case("08-model-config-not-json", "08", "--model-config of a checkpoint file, not JSON",
+             (*base, "--model-config", "{art}/truncated.pt"), needles=("--model-config {art}/truncated.pt is not JSON",
+                                                                      "config.json")),
+        Case("08-model-config-not-a-decoder", "08", "--model-config of a vision transformer's config.json",
+             (*base, "--model-config", "{art}/hf-vit"), needles=('"model_type" \'vit\'', '"llama"')),
+        Case("08-pretrained-missing", "08", "--pretrained a folder that is not there",
+             (*base, "--pretrained", "{case}/hf"), needles=("--pretrained {case}/hf", "No such file or directory")),
+        Case("08-pretrained-not-a-decoder", "08", "--pretrained a folder holding a vision transformer's config.json",
+             (*base, "--pretrained", "{art}/hf-vit"), needles=("--pretrained {art}/hf-vit", '\'vit\'', '"llama"')),
+        Case("08-pretrained-no-weights", "08", "--pretrained a folder with config.json and no safetensors",
+             (*base, "--pretrained", "{art}/hf-no-weights"), needles=("no model.safetensors", "save_pretrained")),
+        Case("08-pretrained-fewer-layers", "08", "--pretrained: config.json says 2 layers, the weights hold 1",
+             (*base, "--pretrained", "{art}/hf-more-layers"), modes=MODES, needles=(mismatch, "9 missing")),
+        Case("08-pretrained-other-shape", "08", "--pretrained: config.json's intermediate_size is not the weights'",
+             (*base, "--pretrained", "{art}/hf-other-shape"), needles=(mismatch, "model.layers.0.mlp")),
+        Case("08-pretrained-and-model-config", "08", "--pretrained and --model-config together",
+             (*base, "--pretrained", "{art}/hf-more-layers", "--model-config", "{art}/hf-vit"),
+             needles=("--pretrained and --model-config: pass one",)),
+        Case("08-export-under-a-file", "08", "--export FILE/hf (cannot be created)",
+             (*base, "--export", "{case}/afile/hf"), setup="file-in-the-way", needles=("--export {case}/afile/hf",)),
+        Case("08-data-dir-typo", "08", "--data mnist --data-dir dta (for data), offline",
+             (*base, "--data", "mnist", "--data-dir", "{case}/dta"), env=NO_NETWORK, absent=("{case}/dta",),
+             needles=("MNIST not found in {case}/dta/MNIST/raw", "check --data-dir")),
+        Case("08-output-dir-under-a-file", "08", "--output-dir FILE/out (cannot be created)",
+             (*base, "--output-dir", "{case}/afile/out"), setup="file-in-the-way", needles=("{case}/afile/out",)),
+        Case("08-resume-missing", "08", "--resume a path that is not there",
+             (*base, "--resume", "{case}/ckpt"), needles=("checkpoint {case}/ckpt does not exist",)),
+        Case("08-resume-other-lesson", "08", "--resume lesson 05's DCP folder",
+             (*base, "--resume", "{art}/ckpt-05"), needles=("lesson '05_multigpu_fsdp_training' there",)),
+        Case("08-resume-broken-sharded", "08", "--resume a DCP folder, its .metadata cut",
+             (*base, "--resume", "{art}/broken-dcp-05"),
+             needles=("{art}/broken-dcp-05 is not a readable checkpoint",)),
+    ]
+
+
 def build_table() -> list[Case]:
-    rows = [row for lesson in LESSONS for row in _lesson_rows(lesson)] + _download_rows() + _device_flag_rows()
+    rows = [row for lesson in LESSONS for row in _lesson_rows(lesson)] + _download_rows() + _device_flag_rows() + \
+        _digits_rows()
     ids = [row.id for row in rows]
     assert len(ids) == len(set(ids)), "duplicate row ids"
     return rows

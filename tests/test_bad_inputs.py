@@ -130,7 +130,7 @@ def matrix(tmp_path_factory, synthetic_dir):
 
 def test_every_numeric_flag_of_every_script_has_its_three_rows(matrix):
     """A maintainer added a numeric flag: it gets zero, negative and non-numeric rows without editing the table."""
-    for script in [*LESSONS, "download"]:
+    for script in [*LESSONS, "download", "08"]:
         flags = numeric_flags(lesson_parser(script))
         for flag, _ in flags:
             for kind in ("zero", "negative", "not-a-number"):
