@@ -10,7 +10,6 @@ From the course folder:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 08_your_model/digits_lm.py \
         --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --export runs/08_digits_lm_hf --draw
 """
-import json
 import signal
 import socket
 import sys
@@ -24,13 +23,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
-from huggingface_hub.errors import StrictDataclassError
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.utils.data import DataLoader, DistributedSampler
-from transformers import CONFIG_MAPPING
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from common.checkpoints import CheckpointDir
 from common.cli import Parser, count, positive_float, positive_int
@@ -46,9 +42,10 @@ from common.position import Position
 from common.samplers import EvalSampler
 from common.signals import StopSignals
 from digits_data import LEVELS, PIXELS, draw, pixel_tokens
-from flops import mfu
+from flops import rates
 from hf_export import export
-from hf_shards import build_model, init_weights, load_pretrained
+from hf_config import read_config as read_decoder_config
+from hf_shards import build_model, init_weights, load_pretrained, stored_tensors
 
 LESSON = "08_your_model/digits_lm"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -56,22 +53,8 @@ DEFAULT_CONFIG = "08_your_model/configs/digits_lm.json"
 
 
 def read_config(path, flag: str):
-    """A decoder's config from a Hugging Face config.json (a file, or a folder holding one): nothing is downloaded."""
-    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
-    try:
-        values = json.loads(file.read_text())
-    except OSError as exc:
-        raise CourseError(f"{flag} {path}: {exc.strerror}: check the path") from None
-    except ValueError as exc:  # JSONDecodeError, or bytes that are not text at all
-        raise CourseError(f"{flag} {path} is not JSON ({one_line(exc, 120)}): pass a config.json") from None
-    kind = values.get("model_type") if isinstance(values, dict) else None
-    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise CourseError(f'{flag} {path}: "model_type" {kind!r} is not a decoder transformers knows '
-                          f'(e.g. "llama", "qwen2", "mistral")')
-    try:
-        config = CONFIG_MAPPING[kind].from_dict(values)
-    except (StrictDataclassError, TypeError, ValueError) as exc:  # transformers checks the values' types and shapes
-        raise CourseError(f"{flag} {path}: {one_line(exc, 200)}") from None
+    """The decoder's config (hf_config.py: one reader for the lesson), with room for the digits: 16 gray levels and 10 classes."""
+    config = read_decoder_config(path, flag)
     if config.vocab_size < LEVELS + 10:
         raise CourseError(f"{flag} {path}: vocab_size {config.vocab_size} is too small for 16 gray levels "
                           f"and 10 classes: at least 26")
@@ -191,16 +174,6 @@ def finish(model, config, args, device) -> None:
         draw(model, args.temperature, args.seed, Path(args.output_dir) / "digits.png", device)
 
 
-def rates(train_stats: dict, config, parameters: int, device) -> str:
-    """More of the epoch line: tokens per second (196 a sequence), and on a GPU the MFU (flops.py)."""
-    tokens = train_stats["images_per_second"] * PIXELS
-    if device.type != "cuda":
-        return f" | {tokens:,.0f} tokens/s"
-    used = mfu(tokens, dist.get_world_size(), parameters, config.num_hidden_layers, config.hidden_size, PIXELS,
-               torch.cuda.get_device_name(device))
-    return f" | {tokens:,.0f} tokens/s" + (f" | MFU {used:.1%}" if used is not None else "")
-
-
 def parse_args(argv):
     p = Parser(description="Lesson 08: a Hugging Face decoder that draws digits, sharded with FSDP2")
     p.add_argument("--model-config", help=f"the model's Hugging Face config.json (default: {DEFAULT_CONFIG})")
@@ -258,6 +231,8 @@ def main(argv=None):
     # before anything slow: a bad file is one line
     config = read_config(args.pretrained, "--pretrained") if args.pretrained else \
         read_config(args.model_config or DEFAULT_CONFIG, "--model-config")
+    if args.pretrained:
+        stored_tensors(Path(args.pretrained))  # its safetensors are there (a look at the index or header)
     checkpoints = CheckpointDir(args, LESSON, sharded=True)
     resume = checkpoints.resume_from(args.resume)
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables
@@ -313,7 +288,7 @@ def main(argv=None):
                 stop.report(position.epoch, position.step)
                 break
             history.add(epoch, train_stats, test(model, test_loader, device), lr=args.lr,  # test_accuracy: next pixel
-                        rates=rates(train_stats, config, parameters, device))
+                        rates=rates(train_stats["images_per_second"] * PIXELS, parameters, config, PIXELS, device))
             position.next_epoch()
             saver.save(checkpoints.path(position), checkpoint_state(model, optimizer, position, history, checkpoints))
         saver.wait()  # an async checkpoint still being written: finished and named before anything else

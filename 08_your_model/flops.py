@@ -26,3 +26,15 @@ def mfu(tokens_per_second: float, gpus: int, parameters: int, layers: int, hidde
     """The fraction of the GPUs' bf16 peak that the model's FLOPs use; None for a GPU not in the table."""
     peak = peak_flops(device_name)
     return tokens_per_second * flops_per_token(parameters, layers, hidden, seq_len) / (gpus * peak) if peak else None
+
+
+def rates(tokens_per_second: float, parameters: int, config, seq_len: int, device) -> str:
+    """The epoch line's end: tokens per second (all ranks), and on a GPU in the table the MFU."""
+    import torch
+    import torch.distributed as dist
+    line = f" | {tokens_per_second:,.0f} tokens/s"
+    if device.type != "cuda":
+        return line
+    used = mfu(tokens_per_second, dist.get_world_size(), parameters, config.num_hidden_layers, config.hidden_size,
+               seq_len, torch.cuda.get_device_name(device))
+    return line + (f" | MFU {used:.1%}" if used is not None else "")
