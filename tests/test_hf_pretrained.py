@@ -108,3 +108,12 @@ def test_weights_that_do_not_match_the_config_are_one_line(tmp_path):
     (tmp_path / "model.safetensors.index.json").unlink()
     with pytest.raises(CourseError, match="no model.safetensors or model.safetensors.index.json"):
         load_pretrained(model, wider, tmp_path)
+
+
+def test_flops_per_token_and_mfu():
+    from flops import flops_per_token, mfu, peak_flops
+    assert flops_per_token(1_000_000, 2, 64, 196) == 6_000_000 + 12 * 2 * 64 * 196
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12 and peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA H200") == 989.4e12 and peak_flops("Some GPU") is None
+    assert mfu(1e5, 2, 10**8, 12, 768, 196, "NVIDIA H200") == pytest.approx(1e5 * (6e8 + 12 * 12 * 768 * 196) /
+                                                                            (2 * 989.4e12))
