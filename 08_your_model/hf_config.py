@@ -11,7 +11,7 @@ from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from common.errors import CourseError, one_line
 
@@ -40,8 +40,9 @@ def read_config(path, flag: str = "--model-config"):
         config = AutoConfig.for_model(kind, **fields)
     except (StrictDataclassError, TypeError, ValueError) as exc:  # transformers 5 checks types: StrictDataclassError
         raise CourseError(f"{flag} {path}: {one_line(exc, 200)}: fix that field") from None
-    if config.is_encoder_decoder:
-        raise CourseError(f'{flag} {path}: "model_type" {kind!r} is an encoder-decoder: give a decoder-only config')
+    if config.is_encoder_decoder or kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES:  # BERT, BART...: causal only as a part
+        raise CourseError(f'{flag} {path}: "model_type" {kind!r} is an encoder or an encoder-decoder: give a '
+                          f'decoder-only config, e.g. "llama", "qwen2", "mistral"')
     experts = {name: getattr(config, name) for name in MOE_FIELDS if getattr(config, name, None)}
     if experts:
         named = ", ".join(f"{name} {value}" for name, value in experts.items())

@@ -1,11 +1,11 @@
-"""will_it_fit.py checked against a measured step: a tiny LlamaForCausalLM under FSDP2 on gloo, on the CPU.
+"""will_it_fit.py checked against a measured step: a tiny Llama under FSDP2 on gloo, on the CPU, digits_lm.py's step.
 
     torchrun --standalone --nproc_per_node=2 08_your_model/measure_memory.py
     torchrun --standalone --nproc_per_node=2 08_your_model/measure_memory.py --strategies fsdp2-ac --vocab 256
 
 The model is sharded as will_it_fit.py assumes (fully_shard per decoder layer, then the root, bf16 MixedPrecisionPolicy
 with fp32 reduce, checkpoint_wrapper per layer for fsdp2-ac). After one warm-up step (AdamW's state exists from then
-on), one more step, zero_grad + forward + backward + AdamW, runs inside torch's FSDPMemTracker
+on), one more step, zero_grad + forward (logits.float(), F.cross_entropy) + backward + AdamW, runs inside torch's FSDPMemTracker
 (torch.distributed._tools.fsdp2_mem_tracker): a TorchDispatchMode that sees every tensor an op creates or frees, on
 any device, and labels its storage (sharded or gathered parameter, gradient, optimizer state, all-gather and
 reduce-scatter buffer, activation, backward temporary, input). Its peak is the largest sum of live storages, and the
@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `common`, from a
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
@@ -46,9 +47,9 @@ ROWS = {"parameters": ("parameters",), "gradients": ("gradients",), "optimizer s
 
 
 def build(config, strategy: str, mesh, dtype):
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)  # real weights: the model is small
+    model = AutoModelForCausalLM.from_config(config)  # real weights: the model is small
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for i, layer in enumerate(model.model.layers):
         if strategy == "fsdp2-ac":  # before fully_shard: the wrapper sits inside the unit that gathers its weights
@@ -65,11 +66,13 @@ def measure(config, strategy: str, args, mesh) -> dict:
     tokens = torch.Generator().manual_seed(dist.get_rank())
 
     def step(tracker=None):
-        ids = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len), generator=tokens)
+        ids = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len + 1), generator=tokens)
         if tracker:
             tracker.track_inputs((ids,))
         optimizer.zero_grad()
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss  # the output, with its logits, dropped
+        logits = model(input_ids=ids[:, :-1], use_cache=False).logits.float()  # digits_lm.py's step: seq_len tokens in
+        loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        del logits  # the output, with its bf16 logits, dropped as in digits_lm.py
         loss.backward()
         optimizer.step()
 
@@ -93,7 +96,7 @@ def main(argv=None):
     p.add_argument("--layers", type=positive_int, default=4, help="decoder layers (default: 4)")
     p.add_argument("--heads", type=positive_int, default=4, help="attention heads (default: 4)")
     p.add_argument("--kv-heads", type=positive_int, default=2, help="key/value heads (default: 2)")
-    p.add_argument("--vocab", type=positive_int, default=512, help="vocabulary (default: 512)")
+    p.add_argument("--vocab", type=positive_int, default=1024, help="vocabulary (default: 1024)")
     p.add_argument("--batch-size", type=positive_int, default=4, help="sequences per rank (default: 4)")
     p.add_argument("--seq-len", type=positive_int, default=256, help="tokens per sequence (default: 256)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="(default: bfloat16)")
