@@ -222,8 +222,9 @@ def machine(args) -> dict:
             return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT).stdout.strip()
         except (OSError, subprocess.TimeoutExpired):
             return ""
-    commit = args.commit or out(["git", "rev-parse", "--short", "HEAD"]) or "?"
-    if not args.commit and out(["git", "status", "--porcelain", "--untracked-files=no"]):
+    own = Path(out(["git", "rev-parse", "--show-toplevel"]) or "/nonexistent").resolve() == ROOT  # not a copy
+    commit = args.commit or (out(["git", "rev-parse", "--short", "HEAD"]) if own else "") or "unknown"
+    if not args.commit and own and out(["git", "status", "--porcelain", "--untracked-files=no"]):
         commit += "+uncommitted"
     import torch
     name, _, driver = out(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]).split("\n")[0] \
@@ -243,7 +244,7 @@ def main(argv=None) -> None:
     p.add_argument("--reference", help="pytorch/examples mnist/main.py, for the parity suite (default: no parity)")
     p.add_argument("--out", default=None, help="page, rows, plots (default: docs; --quick: runs/bench-quick)")
     p.add_argument("--budget", type=float, default=None, help="start no launch that would end after this many seconds")
-    p.add_argument("--commit", default=None, help="the course commit to name (default: git)")
+    p.add_argument("--commit", default=None, help="the course commit to name (default: git, when the course folder is its own repository; else unknown)")
     p.add_argument("--merge", nargs="*", default=[], help="benchmarks.json files of other runs to merge in first")
     p.add_argument("--plan", action="store_true", help="print the launches and their estimated seconds; run nothing")
     p.add_argument("--report-only", action="store_true", help="measure nothing: merge --merge and write the page")

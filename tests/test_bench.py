@@ -223,3 +223,28 @@ def test_the_pages_memory_snapshots_replay_to_the_peak_the_lesson_measured(tmp_p
     last_alloc = next(e for e in reversed(snapshot["device_traces"][0]) if e["action"] == "alloc" and e["time_us"]
                       <= snapshot["device_traces"][0][0]["time_us"] + ooms[0] * 1e6)
     assert memory.categorize(last_alloc) == "optimizer state"
+
+
+def test_a_copy_inside_another_repository_names_no_commit(tmp_path):
+    """The course from `git archive`, unpacked inside another git repository (a tarball on a cluster): the rows say
+    "unknown", not the other repository's commit; --commit names one; the course's own repository names its HEAD."""
+    outer, course = tmp_path / "outer", tmp_path / "outer" / "course"
+    course.mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", str(outer)], check=True)
+    subprocess.run([*git, "-C", str(outer), "commit", "-q", "--allow-empty", "-m", "outer"], check=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(course)], input=archive, check=True)
+    (course / "benchmarks" / "bench.py").write_text((ROOT / "benchmarks" / "bench.py").read_text())  # the code tested
+    outer_head = subprocess.run(["git", "-C", str(outer), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    probe = ("import argparse, sys; sys.path.insert(0, '.'); from benchmarks import bench; "
+             "print(bench.machine(argparse.Namespace(commit=sys.argv[1] or None, quick=True, data='synthetic'))"
+             "['commit'])")
+    said = {where: {commit: subprocess.run([sys.executable, "-c", probe, commit], cwd=where, capture_output=True,
+                                           text=True, timeout=120).stdout.strip() for commit in ("", "abc1234")}
+            for where in (course, ROOT)}
+    assert said[course] == {"": "unknown", "abc1234": "abc1234"} and outer_head not in said[course][""]
+    own = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert said[ROOT][""].split("+")[0] == own and said[ROOT]["abc1234"] == "abc1234"
