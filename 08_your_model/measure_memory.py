@@ -35,6 +35,7 @@ from common.exits import run
 from common.files import work_in_course_folder
 from will_it_fit import CATEGORIES, count, estimate, peak
 
+STEP = "digits_lm"  # the step measured: digits_lm.py's logits.float() and F.cross_entropy, as will_it_fit.py prices
 # FSDPMemTracker's labels (_FSDPRefType) in will_it_fit.py's categories
 TRACKED = {"Sharded Param": "parameters", "Buffer": "parameters", "Sharded Grad": "gradients", "OptState": "optimizer",
            "Unsharded Param": "gathered", "Unsharded Grad": "unsharded", "All Gather": "gathered",
@@ -117,7 +118,7 @@ def main(argv=None):
         found = measure(config, strategy, args, mesh)
         moment, guess = peak(estimate(config, shapes, buffers, strategy, dist.get_world_size(), 1, args.batch_size,
                                       args.seq_len, args.dtype))
-        rows.append({"strategy": strategy, "ranks": dist.get_world_size(), "moment": moment,
+        rows.append({"strategy": strategy, "ranks": dist.get_world_size(), "moment": moment, "step": STEP,
                      "measured": found, "estimated": {c: int(guess[c]) for c in CATEGORIES}})
     if dist.get_rank() == 0:
         for row in rows:

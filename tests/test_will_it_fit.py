@@ -146,7 +146,8 @@ def test_estimate_within_2_percent_of_the_measured_step():
     assert proc.returncode == 0 and "Warning" not in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr
     print(proc.stdout)
     rows = {r["strategy"]: r for r in map(json.loads, (x for x in proc.stdout.splitlines() if x.startswith("{")))}
-    assert {s: r["moment"] for s, r in rows.items()} == {"fsdp2": "loss", "fsdp2-ac": "layer 1"}
+    assert {s: (r["moment"], r["step"]) for s, r in rows.items()} == {"fsdp2": ("loss", "digits_lm"),
+                                                                      "fsdp2-ac": ("layer 1", "digits_lm")}
     for row in rows.values():
         measured, estimated = row["measured"], row["estimated"]
         assert sum(estimated.values()) == pytest.approx(sum(measured.values()), rel=0.02)
