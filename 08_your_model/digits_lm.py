@@ -53,7 +53,7 @@ DEFAULT_CONFIG = "08_your_model/configs/digits_lm.json"
 
 
 def read_config(path, flag: str):
-    """The decoder's config (hf_config.py: one reader for the lesson), with room for the digits: 16 gray levels and 10 classes."""
+    """The decoder's config (hf_config.py, the lesson's one reader), with room for 16 gray levels and 10 classes."""
     config = read_decoder_config(path, flag)
     if config.vocab_size < LEVELS + 10:
         raise CourseError(f"{flag} {path}: vocab_size {config.vocab_size} is too small for 16 gray levels "

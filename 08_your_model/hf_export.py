@@ -1,9 +1,10 @@
 """Lesson 08: the sharded model exported as a Hugging Face folder (config.json + safetensors) without gathering it.
 
-Every rank writes its own shards with DCP's HuggingFaceStorageWriter (save_distributed); its consolidation then
-stitches them into whole tensors, one tensor at a time through the files, in model-0000i-of-0000N.safetensors (one
-file per decoder layer) and writes model.safetensors.index.json: from_pretrained loads the folder. No rank holds more than its shards and one
-tensor: an 8 B model's fp32 gather to rank 0 alone would be 32 GB of one host's memory.
+Every rank writes its own shards with DCP's HuggingFaceStorageWriter (save_distributed). Its consolidation, on
+rank 0 once all are written, stitches them into whole tensors one tensor at a time through the files, in
+model-0000i-of-0000N.safetensors (one file per decoder layer), and writes model.safetensors.index.json:
+from_pretrained loads the folder. No rank holds more than its shards and one tensor; the gather to rank 0 this
+replaces held the whole model twice there (a full state dict and a plain model): 64 GB of one host for an 8 B model.
 --export-dtype: bfloat16 halves the files and is what a GPU loads for inference; float32 keeps the training's master
 weights bit for bit (for a continued training run, or a check against the trained model's logits).
 """

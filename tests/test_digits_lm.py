@@ -182,7 +182,8 @@ def test_fine_tuning_from_the_export_starts_at_the_exported_models_loss(trained,
     proc = run(*small, "--dtype", "float32", "--epochs", 1, "--lr", 0.01, "--pretrained", out / "hf",
                "--output-dir", tmp_path)
     assert_clean(proc)
-    assert f"pretrained: {out / 'hf'}: each rank read its own rows of 29 tensors from 5 safetensors files" in proc.stdout
+    read = "each rank read its own rows of 29 tensors from 5 safetensors files"
+    assert f"pretrained: {out / 'hf'}: {read}" in proc.stdout
     before = next(line for line in proc.stdout.splitlines() if line.startswith("before training | test_loss "))
     trained_rows, continued = metrics(out / "run")["epochs"], metrics(tmp_path)["epochs"]
     assert float(before.split()[4]) == pytest.approx(trained_rows[-1]["test_loss"], abs=1e-4), before
