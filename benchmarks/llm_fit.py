@@ -18,7 +18,6 @@ from benchmarks.llm import QUICK_SEQ, SEQ, Setup, config, train
 sys.path.insert(0, str(ROOT / "08_your_model"))
 import will_it_fit  # noqa: E402
 
-GIB = 2 ** 30
 CASES = (("fsdp2", "1.1B", 4), ("fsdp2-ac", "1.1B", 8), ("ddp", "1.1B", 4), ("fsdp2", "152k", 4))
 QUICK_BATCH = 2
 MOST_BATCH = 64
@@ -26,23 +25,21 @@ MOST_BATCH = 64
 
 @functools.cache
 def counted(shape: str, quick: bool) -> tuple:
-    """(config, parameter shapes, buffer elements): counted once per shape (a model on the meta device each time)."""
+    """(config, will_it_fit.count's shapes and buffers): once per shape (a count builds the model on meta)."""
     cfg = config(shape, quick)
-    return (cfg,) + will_it_fit.count(cfg)
+    return cfg, will_it_fit.count(cfg)
 
 
 def lines(shape: str, quick: bool, strategy: str, gpus: int, batch: int) -> dict:
-    """The estimate's bytes per GPU: the tensors, the "fits" total (with the allowance) and the "tight" line."""
-    cfg, shapes, buffers = counted(shape, quick)
-    moments = will_it_fit.estimate(cfg, shapes, buffers, strategy, gpus, 1, batch, QUICK_SEQ if quick else SEQ,
-                                   "bfloat16")
-    tensors = sum(will_it_fit.peak(moments)[1].values())
-    return {"estimate": tensors, "fits_line": will_it_fit.with_allowance(tensors),
-            "tight_line": tensors + will_it_fit.ALLOWANCE_GIB * GIB}
+    """will_it_fit.price's bytes per GPU: the tensors ("estimate"), the "fits" line and the "tight" line."""
+    cfg, done = counted(shape, quick)
+    price = will_it_fit.price(cfg, strategy, gpus, batch, QUICK_SEQ if quick else SEQ, counted=done)
+    return {"estimate": price.tensors, "fits_line": price.fits_line, "tight_line": price.tight_line,
+            "moment": price.moment}
 
 
 def verdict(est: dict, memory: float) -> str:
-    return "fits" if est["fits_line"] <= memory else "tight" if est["tight_line"] <= memory else "does not fit"
+    return will_it_fit.verdict(est["fits_line"], est["tight_line"], memory)
 
 
 def fill_batch(shape: str, gpus: int, memory: float, quick: bool) -> int:
