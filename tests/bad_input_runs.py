@@ -89,12 +89,14 @@ def make_artifacts(art: Path, data: str) -> None:
 
 
 def make_pretrained_folders(art: Path) -> None:
-    """Lesson 08's --pretrained mistakes: a vision transformer's config.json, a tiny Llama's folder (save_pretrained)
-    whose config.json then says 2 layers or another intermediate_size, and a folder with its config.json only."""
-    from transformers import LlamaConfig, LlamaForCausalLM, ViTConfig
+    """Lesson 08's --pretrained mistakes: a vision transformer's and BERT's config.json, a tiny Llama's folder
+    (save_pretrained) whose config.json then says 2 layers or another intermediate_size, a config.json alone."""
+    from transformers import BertConfig, LlamaConfig, LlamaForCausalLM, ViTConfig
 
     ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
               intermediate_size=32).save_pretrained(art / "hf-vit")
+    BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+               intermediate_size=32).save_pretrained(art / "hf-bert")  # AutoModelForCausalLM builds it, an encoder
     config = LlamaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                          num_key_value_heads=2, intermediate_size=32)
     for name, change in (("hf-more-layers", {"num_hidden_layers": 2}), ("hf-other-shape", {"intermediate_size": 48})):

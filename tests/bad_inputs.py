@@ -377,6 +377,8 @@ def _digits_rows() -> list[Case]:
              (*base, "--pretrained", "{case}/hf"), needles=("--pretrained {case}/hf", "No such file or directory")),
         Case("08-pretrained-not-a-decoder", "08", "--pretrained a folder holding a vision transformer's config.json",
              (*base, "--pretrained", "{art}/hf-vit"), needles=("--pretrained {art}/hf-vit", '\'vit\'', '"llama"')),
+        Case("08-pretrained-encoder", "08", "--pretrained a folder holding BERT's config.json (an encoder)",
+             (*base, "--pretrained", "{art}/hf-bert"), needles=("--pretrained {art}/hf-bert", "'bert'", "decoder")),
         Case("08-pretrained-no-weights", "08", "--pretrained a folder with config.json and no safetensors",
              (*base, "--pretrained", "{art}/hf-no-weights"), needles=("no model.safetensors", "save_pretrained")),
         Case("08-pretrained-fewer-layers", "08", "--pretrained: config.json says 2 layers, the weights hold 1",
