@@ -101,7 +101,7 @@ def bad_inputs(tmp):
     llama = json.loads((CONFIGS / "llama3_8b.json").read_text())
     (tmp / "mixtral.json").write_text(json.dumps({**llama, "model_type": "mixtral", "num_local_experts": 8}))
     (tmp / "moe-llama.json").write_text(json.dumps({**llama, "num_local_experts": 8}))
-    (tmp / "text-field.json").write_text(json.dumps({**llama, "hidden_size": "4096"}))
+    (tmp / "text-field.json").write_text(json.dumps({**llama, "num_key_value_heads": "8"}))
     return {  # arguments: what the one line must say
         "missing": ([str(tmp / "nope.json")], "No such file"),
         "not-json": ([str(tmp / "notes.json")], "is not JSON"),
@@ -109,7 +109,7 @@ def bad_inputs(tmp):
         "not-llama-style": ([str(tmp / "gpt2.json")], "this formula cannot price it"),
         "mixture-of-experts": ([str(tmp / "mixtral.json")], "a mixture of experts (num_local_experts 8"),
         "experts-in-a-llama": ([str(tmp / "moe-llama.json")], "a mixture of experts (num_local_experts 8)"),
-        "field-of-the-wrong-type": ([str(tmp / "text-field.json")], "'hidden_size' expected int, got str"),
+        "field-of-the-wrong-type": ([str(tmp / "text-field.json")], "Validation error for field 'num_key_value_heads'"),
         "zero-gpus": ([eight_b, "--gpus", "0"], "--gpus: must be >= 1, got 0"),
         "negative-gpus": ([eight_b, "--gpus", "-4"], "--gpus: must be >= 1, got -4"),
         "misspelt-strategy": ([eight_b, "--strategy", "fsdp"], "invalid choice: 'fsdp'"),
