@@ -26,7 +26,8 @@ def read_config(path, flag: str = "--model-config"):
     try:
         fields = json.loads(file.read_text())
     except OSError as exc:
-        raise CourseError(f"{flag} {path}: {exc.strerror or exc}: give a config.json, or a folder holding one") from None
+        raise CourseError(f"{flag} {path}: {exc.strerror or exc}: give a config.json, or a folder holding one") \
+            from None
     except ValueError as exc:  # JSONDecodeError, or bytes that are not text at all
         raise CourseError(f"{flag} {path} is not JSON ({one_line(exc, 120)}): give a config.json") from None
     kind = fields.pop("model_type", None) if isinstance(fields, dict) else None

@@ -244,7 +244,8 @@ def main(argv=None) -> None:
     p.add_argument("--reference", help="pytorch/examples mnist/main.py, for the parity suite (default: no parity)")
     p.add_argument("--out", default=None, help="page, rows, plots (default: docs; --quick: runs/bench-quick)")
     p.add_argument("--budget", type=float, default=None, help="start no launch that would end after this many seconds")
-    p.add_argument("--commit", default=None, help="the course commit to name (default: git, when the course folder is its own repository; else unknown)")
+    p.add_argument("--commit", default=None, help="the course commit to name (default: git, where the course folder is its own repository; "
+                   "else unknown)")
     p.add_argument("--merge", nargs="*", default=[], help="benchmarks.json files of other runs to merge in first")
     p.add_argument("--plan", action="store_true", help="print the launches and their estimated seconds; run nothing")
     p.add_argument("--report-only", action="store_true", help="measure nothing: merge --merge and write the page")

@@ -2,9 +2,9 @@
 measured step (08_your_model/measure_memory.py: FSDPMemTracker on 2 gloo ranks, on the CPU).
 
 The verdicts are chosen to hold whatever the allowance for the CUDA context and the allocator (CONTEXT_BYTES and
-RESERVED_OVER_ALLOCATED, measured on H100s) and the activation formula's last bytes: each "does not fit" exceeds the GPU with the weights, gradients and AdamW
-state alone (plus, for 70 B under fsdp2 on 32 GPUs, its activations alone), and each "fits" leaves a quarter of the
-GPU free after the tensors and the context.
+RESERVED_OVER_ALLOCATED, measured on H100s) and the activation formula's last bytes: each "does not fit" exceeds
+the GPU with the weights, gradients and AdamW state alone (plus, for 70 B under fsdp2 on 32 GPUs, its activations
+alone), and each "fits" leaves a quarter of the GPU free after the tensors and the context.
 """
 import importlib.util
 import json
@@ -138,8 +138,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 def test_estimate_within_2_percent_of_the_measured_step():
     """FSDPMemTracker's peak of one step of a tiny Llama (4 layers, hidden 256, vocab 1024, batch 4 x 256; digits_lm's
     logits.float() and F.cross_entropy) on 2 gloo ranks against the estimate, rank 0: the total and each category
-    within 2%, the claim of will_it_fit.py (measured here: 0.5% at most, the activations of fsdp2-ac). fsdp2 peaks at the loss,
-    fsdp2-ac in the backward of layer 1, so two of the formula's moments are measured."""
+    within 2%, the claim of will_it_fit.py (measured here: 0.5% at most, the activations of fsdp2-ac). fsdp2 peaks
+    at the loss, fsdp2-ac in the backward of layer 1, so two of the formula's moments are measured."""
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(LESSON / "measure_memory.py")], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
