@@ -3,16 +3,16 @@
     torchrun --standalone --nproc_per_node=2 08_your_model/measure_memory.py
     torchrun --standalone --nproc_per_node=2 08_your_model/measure_memory.py --strategies fsdp2-ac --vocab 256
 
-The model is sharded as will_it_fit.py assumes (fully_shard per decoder layer, then the root, bf16 MixedPrecisionPolicy
-with fp32 reduce, checkpoint_wrapper per layer for fsdp2-ac). After one warm-up step (AdamW's state exists from then
-on), one more step, zero_grad + forward (logits.float(), F.cross_entropy) + backward + AdamW, runs inside torch's
-FSDPMemTracker (torch.distributed._tools.fsdp2_mem_tracker): a TorchDispatchMode that sees every tensor an op creates
-or frees, on any device, and labels its storage (sharded or gathered parameter, gradient, optimizer state,
-all-gather and reduce-scatter buffer, activation, backward temporary, input). Its peak is the largest sum of live
-storages, and the categories are those of that moment. On the CPU it counts exact storage bytes, no allocator: what will_it_fit.py
-calls the tensors, before its allowance for the CUDA context and the allocator. Rank 0 prints, per strategy, the
-measured and the estimated bytes by category, then one JSON line. Run it on 2 ranks or more: on one, FSDP2 keeps
-no all-gather or reduce-scatter buffer, and only the totals agree (within 2%), not the categories.
+The model is sharded as will_it_fit.py assumes (fully_shard per decoder layer, then the root, bf16
+MixedPrecisionPolicy with fp32 reduce, checkpoint_wrapper per layer for fsdp2-ac). After one warm-up step (AdamW's
+state exists from then on), one more step, zero_grad + forward (logits.float(), F.cross_entropy) + backward + AdamW,
+runs inside torch's FSDPMemTracker (torch.distributed._tools.fsdp2_mem_tracker): a TorchDispatchMode that sees every
+tensor an op creates or frees, on any device, and labels its storage (sharded or gathered parameter, gradient,
+optimizer state, all-gather and reduce-scatter buffer, activation, backward temporary, input). Its peak is the largest
+sum of live storages, and the categories are those of that moment. On the CPU it counts exact storage bytes, no
+allocator: what will_it_fit.py calls the tensors, before its allowance for the CUDA context and the allocator. Rank 0
+prints, per strategy, the measured and the estimated bytes by category, then one JSON line. Run it on 2 ranks or more:
+on one, FSDP2 keeps no all-gather or reduce-scatter buffer, and only the totals agree (within 2%), not the categories.
 """
 import json
 import sys
