@@ -42,7 +42,7 @@ from common.position import Position
 from common.samplers import EvalSampler
 from common.signals import StopSignals
 from digits_data import LEVELS, PIXELS, draw, pixel_tokens
-from flops import rates
+from flops import multiplying_parameters, rates
 from hf_export import export
 from hf_config import read_config as read_decoder_config
 from hf_shards import build_model, init_weights, load_pretrained, stored_tensors
@@ -287,8 +287,9 @@ def main(argv=None):
                 saver.wait()  # on disk and named before the report
                 stop.report(position.epoch, position.step)
                 break
+            tokens_per_s = train_stats["images_per_second"] * PIXELS
             history.add(epoch, train_stats, test(model, test_loader, device), lr=args.lr,  # test_accuracy: next pixel
-                        rates=rates(train_stats["images_per_second"] * PIXELS, parameters, config, PIXELS, device))
+                        rates=rates(tokens_per_s, multiplying_parameters(model), config, PIXELS, device))
             position.next_epoch()
             saver.save(checkpoints.path(position), checkpoint_state(model, optimizer, position, history, checkpoints))
         saver.wait()  # an async checkpoint still being written: finished and named before anything else

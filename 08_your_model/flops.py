@@ -1,7 +1,8 @@
 """The FLOPs a decoder's training step costs per token, and the model FLOPs utilisation (MFU) they make on a GPU.
 
     6 N + 12 L h s   per token (forward 2 N + 4 L h s, backward twice that; Kaplan et al. 2020, PaLM appendix B)
-N: the parameters (each multiplies once per token, forward), L layers, h hidden size, s the sequence length (the
+N: the parameters that multiply (each once per token, forward): all but the input embedding, a lookup (a tied
+lm_head is that matrix and does multiply, so it stays), L layers, h hidden size, s the sequence length (the
 attention scores and their product with v). Activation checkpointing's second forward is not counted: MFU counts the
 model's FLOPs, not the hardware's. Imported by digits_lm.py and by the benchmark suite.
 """
@@ -9,6 +10,13 @@ model's FLOPs, not the hardware's. Imported by digits_lm.py and by the benchmark
 # Dense bfloat16 tensor-core peaks, TFLOP/s per GPU (NVIDIA's data sheets, without sparsity), by device name.
 PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200", 989.4),
                     ("GH200", 989.4), ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.1))
+
+
+def multiplying_parameters(model) -> int:
+    """N of the formula: the model's parameters less its input embedding, unless lm_head shares it (tied)."""
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    total = sum(p.numel() for p in model.parameters())  # a tied matrix is one parameter: counted once
+    return total if embedding is head else total - embedding.numel()
 
 
 def flops_per_token(parameters: int, layers: int, hidden: int, seq_len: int) -> float:

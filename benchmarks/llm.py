@@ -162,8 +162,7 @@ def flops_per_token(cfg, seq: int) -> float:
     from transformers import LlamaForCausalLM
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
-    n = sum(p.numel() for p in model.parameters()) - model.model.embed_tokens.weight.numel()
-    return flops.flops_per_token(n, cfg.num_hidden_layers, cfg.hidden_size, seq)
+    return flops.flops_per_token(flops.multiplying_parameters(model), cfg.num_hidden_layers, cfg.hidden_size, seq)
 
 
 def _run(setup: Setup, cfg, seq: int, L, mesh, seed: int, cap_bytes, trace) -> dict:

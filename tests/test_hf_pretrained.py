@@ -117,3 +117,15 @@ def test_flops_per_token_and_mfu():
     assert peak_flops("NVIDIA H200") == 989.4e12 and peak_flops("Some GPU") is None
     assert mfu(1e5, 2, 10**8, 12, 768, 196, "NVIDIA H200") == pytest.approx(1e5 * (6e8 + 12 * 12 * 768 * 196) /
                                                                             (2 * 989.4e12))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_the_formula_counts_what_multiplies(kind):
+    """N: every parameter but the input embedding (a lookup); a tied lm_head is that matrix and multiplies."""
+    from flops import multiplying_parameters
+    from hf_shards import meta_model
+    model = meta_model(config_of(kind))
+    total, embedding = sum(p.numel() for p in model.parameters()), model.get_input_embeddings().weight.numel()
+    tied = model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    assert tied == (kind == "qwen2")
+    assert multiplying_parameters(model) == (total if tied else total - embedding)

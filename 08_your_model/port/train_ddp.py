@@ -175,7 +175,8 @@ def main():
     model = DDP(net, device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     print(f"[rank {rank}/{world_size}] training on {device}: {len(train_sampler)} of {len(train_set)} training images, "
-          f"{len(test_shard)} of {len(test_set)} test images, a step of {args.batch_size} x {world_size}", flush=True)
+          f"{len(test_shard)} of {len(test_set)} test images, a step of {args.batch_size} x {world_size}\n",
+          end="", flush=True)  # the newline in the same write: another rank's line cannot land before it
     best = float("inf")
     for epoch in range(1, args.epochs + 1):
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
