@@ -5,8 +5,8 @@ How it stays inside its time budget (a subprocess per row would take ~5 s, a tor
     SystemExit caught, output captured), against each lesson's own main() and so its own parser; one test per
     lesson checks that parser has every shared flag with the shared checks;
   * torchrun: ONE launch of tests/bad_input_driver.py with 2 ranks runs the rows where the ranks must agree
-    (21 rows, 9 process groups) in each worker and writes per-rank results; it starts in the background as
-    soon as the artifacts exist;
+    (those whose modes include torchrun) in each worker and writes per-rank results; it starts in the background
+    as soon as the artifacts exist;
   * a few REAL launches (also in the background) prove the in-process verdicts match real processes: one
     argparse error, the used --output-dir, a typo'd --data-dir (plain python), and a checkpoint-level error
     after init_process_group (lesson 05 --init-from, torchrun with 2 ranks).
