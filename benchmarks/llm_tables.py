@@ -64,6 +64,12 @@ def target(r: dict) -> str:
     return f"{verdict(r['mfu'] >= least)} ({least:.0%})"
 
 
+def card(row) -> str:
+    """The GPU a row ran on, short ("H100", "H200"): rows of several runs share a table."""
+    name = row.get("device_name") or "-"
+    return next((word for word in name.split() if word[:1] in "ABHL" and word[1:2].isdigit()), name)
+
+
 def speed(rows, fast):
     sweep = sorted(of(rows, "llm_speed", program="matmul"), key=lambda r: (r["gpus"], -r["n"]))
     fast = sorted(fast, key=lambda r: (r["program"], r["gpus"], not r.get("compile")))
@@ -78,15 +84,15 @@ def speed(rows, fast):
                 +
                 " (here and in the next two parts; the verdict's runs below keep the default allocator).", fast,
                 ["GPUs", "shape", "compile", "batch per GPU", "tokens/s per GPU", "MFU", "of the ceiling", "s/step",
-                 "warm-up s", "estimate GiB", "allocated GiB", "reserved GiB", "target"],
+                 "warm-up s", "estimate GiB", "allocated GiB", "reserved GiB", "target", "GPU"],
                 [[r["gpus"], r["program"], "per layer + loss" if r.get("compile") else "eager", r["batch"],
                   f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else r["outcome"], pct(r.get("mfu")),
                   of_ceiling(r), f"{r['step_s']:.3f}" if r.get("step_s") else "-",
                   f"{r['warmup_s']:.0f}" if r.get("warmup_s") else "-", gib(r.get("estimate")),
-                  gib(r.get("peak_allocated")), gib(r.get("peak_reserved")), target(r)] for r in fast]) + part(
+                  gib(r.get("peak_allocated")), gib(r.get("peak_reserved")), target(r), card(r)] for r in fast]) + part(
         "The matmul ceiling", "`torch.mm` of two random bf16 n x n matrices, the best of 10 after 3 warm-up products, "
-        "on the first GPU of each launch.", sweep, ["GPUs in the launch", "n", "TFLOP/s", "of the 989.4 peak"],
-        [[r["gpus"], r["n"], f"{r['tflops']:.0f}", pct(r["tflops"] / 989.4)] for r in sweep])
+        "on the first GPU of each launch.", sweep, ["GPUs in the launch", "n", "TFLOP/s", "of the 989.4 peak", "GPU"],
+        [[r["gpus"], r["n"], f"{r['tflops']:.0f}", pct(r["tflops"] / 989.4), card(r)] for r in sweep])
 
 
 def limits(rows):
