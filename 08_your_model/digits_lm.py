@@ -8,7 +8,7 @@ then the root; bf16 compute, fp32 gradient reduction (--dtype float32: all fp32)
 folder that every rank writes its part of (hf_export.py); --draw: digits.png.
 From the course folder:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 08_your_model/digits_lm.py \
-        --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --export runs/08_digits_lm_hf --draw
+        --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --export runs/08_digits_lm/hf --draw
 """
 import signal
 import socket
