@@ -10,7 +10,10 @@ what each rank's record and the printed lines must show. Each check raises Asser
   plain_keys      the saved weights load into train.py's Net: its names, no "module." prefix
   leaves_group    every rank called destroy_process_group (seen by the same sitecustomize)
   same_as_ddp     train_fsdp.py's weights equal train_ddp.py's, same flags
-What each rank trained on and its checksum come from the ports' test hook (debug_record, PORT_DEBUG_DIR).
+  starts_from     every rank starts from the --init-from file's weights (the whole of them, or its shard)
+  schedule_ends   every rank's cosine (--cosine) ends at a learning rate of 0: the run took the steps it was built for
+What each rank trained on, its checksum and learning rate come from the ports' test hook (debug_record,
+PORT_DEBUG_DIR).
 """
 import importlib.util
 import json
@@ -32,7 +35,8 @@ from lessons import ROOT
 PORT = ROOT / "08_your_model" / "port"
 TRAIN = 512  # training images: 256 per rank, 8 steps of 32
 TEST_DDP, TEST_FSDP = 101, 2001  # odd: the ranks get 51 and 50; 1001 and 1000, i.e. 2 test batches and 1
-FLAGS = ["--epochs", "2", "--batch-size", "32", "--train-samples", str(TRAIN), "--device", "cpu"]
+FLAGS = ["--epochs", "2", "--batch-size", "32", "--train-samples", str(TRAIN), "--device", "cpu", "--cosine"]
+FROM_FILE = [*FLAGS, "--init-from", "../init.pt"]  # each run's folder is its working directory
 SPY = """import os
 if os.environ.get("PORT_DEBUG_DIR") and "RANK" in os.environ:  # torchrun's workers only
     import torch, torch.distributed
@@ -51,6 +55,7 @@ FAKE_SLURM = {  # stand-ins that let bash run the sbatch template on this machin
     "scontrol": '#!/bin/bash\n[ "$2" != hostnames ] || echo localhost\n',
 }
 INIT = ('dist.init_process_group("nccl" if device.type == "cuda" else "gloo",', "device_id=device if device.type")
+DDP_LINE = 'model = DDP(net, device_ids=[local_rank] if device.type == "cuda" else None)'
 OWN_LOSS = [("        sums = torch.tensor(", "        own_loss = test_loss / total  # this rank's shard only\n"
              "        sums = torch.tensor("), ("if test_loss / total < best:", "if own_loss < best:"),
             ("best = test_loss / total", "best = own_loss")]
@@ -75,7 +80,7 @@ VARIANTS = {
     "padded_test_shard": ("train_ddp.py", [("Subset(test_set, range(rank, len(test_set), world_size))",
                                             "Subset(test_set, list(DistributedSampler(test_set, shuffle=False)))")],
                           "1x2", "exact_test"),
-    "no_ddp_wrap": ("train_ddp.py", [('DDP(net, device_ids=[local_rank] if device.type == "cuda" else None)', "net"),
+    "no_ddp_wrap": ("train_ddp.py", [(DDP_LINE, "model = net"),
                                      ("model.module.state_dict()", "model.state_dict()")], "1x2", "replicas"),
     "saves_the_wrapper": ("train_ddp.py", [("model.module.state_dict()", "model.state_dict()")], "1x2",
                           "plain_keys"),
@@ -84,10 +89,33 @@ VARIANTS = {
                                             'torch.manual_seed(args.seed + int(os.environ["RANK"]))'),
                                            ("seed=args.seed)", "seed=args.seed + rank)")], "1x2", "shards"),
     "no_destroy_process_group": ("train_ddp.py", [("dist.destroy_process_group()", None)], "1x2", "leaves_group"),
+    "no_map_location": ("train_ddp.py", [("map_location=device, ", "")], "1x2", "finishes"),  # a file saved on a GPU
+    "loads_on_rank_0_after_the_wrap": ("train_ddp.py", [("    if args.init_from:  # every rank, into the Net", None),
+                                                         ("net.load_state_dict(", None), (DDP_LINE, DDP_LINE + (
+        "\n    if args.init_from and rank == 0:\n        model.module.load_state_dict("
+        "torch.load(args.init_from, map_location=device, weights_only=True))"))], "1x2", "starts_from"),
+    "loads_on_rank_0": ("train_fsdp.py", [("if args.init_from:  # every rank", "if args.init_from and rank == 0:  #")],
+                        "1x2", "starts_from"),
+    "schedule_of_one_process": ("train_ddp.py", [("steps = args.epochs * len(train_loader)",
+                                                  "steps = args.epochs * -(-len(train_set) // args.batch_size)")],
+                                "1x2", "schedule_ends"),
     "seed_per_rank": ("train_fsdp.py", [("torch.manual_seed(args.seed)",
                                          'torch.manual_seed(args.seed + int(os.environ["RANK"]))')],
                       "1x2", "same_as_ddp"),
 }
+LOADING = {"no_map_location", "loads_on_rank_0_after_the_wrap", "loads_on_rank_0"}  # run with FROM_FILE
+
+
+def saved_on_a_gpu(path: Path) -> None:
+    """A Net's weights (seed 7: not the ports' --seed) in a file that says its tensors were on cuda:0, as one saved
+    on a GPU: torch.load puts them back there unless given map_location."""
+    torch.manual_seed(7)
+    state = TRAIN_PY.Net().state_dict()
+    real, torch.serialization.location_tag = torch.serialization.location_tag, lambda storage: "cuda:0"
+    try:
+        torch.save(state, path)
+    finally:
+        torch.serialization.location_tag = real
 
 
 def variant(name: str, folder: Path) -> Path:
@@ -146,8 +174,9 @@ def launch(script: Path, data_dir: str, out: Path, layout: str = "1x2", test_sam
             outputs.append(p.communicate(timeout=60)[0])
     output = "\n".join(outputs)
     ranks = (0,) if layout == "1" else (0, 1)
-    records = {r: [json.loads(line) for line in (out / f"rank{r}.jsonl").read_text().splitlines()]
-               if (out / f"rank{r}.jsonl").exists() else [] for r in ranks}
+    lines = {r: [json.loads(line) for line in (out / f"rank{r}.jsonl").read_text().splitlines()]
+             if (out / f"rank{r}.jsonl").exists() else [] for r in ranks}
+    records = {r: [x for x in lines[r] if x["epoch"] > 0] for r in ranks}  # epoch 0: the weights it starts from
     calls = {log: (out / log).read_text().split() if (out / log).exists() else []
              for log in ("torch_save_calls", "destroy_calls")}
     epochs = [dict(zip(("epoch", "train_loss", "test_loss", "accuracy", "correct", "total"), map(float, m.groups())))
@@ -157,6 +186,8 @@ def launch(script: Path, data_dir: str, out: Path, layout: str = "1x2", test_sam
     return SimpleNamespace(output=output, records=records, saves=calls["torch_save_calls"], saved_epochs=saved,
                            destroys=calls["destroy_calls"], epochs=epochs, checkpoint=out / "model.pt",
                            data_dir=data_dir, test_samples=test_samples, hung=hung,
+                           starts={r: [x["checksum"] for x in lines[r] if x["epoch"] == 0] for r in ranks},
+                           init_from=out / flags[flags.index("--init-from") + 1] if "--init-from" in flags else None,
                            returncodes=[p.returncode for p in procs])
 
 
@@ -239,14 +270,32 @@ def check_same_as_ddp(run, reference):
         torch.testing.assert_close(mine[name], ddp[name], atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
+def check_starts_from(run, reference=None):
+    """Each rank's checksum before training: DDP's replicas hold the whole file, FSDP2's ranks their chunk (dim 0)."""
+    net = TRAIN_PY.Net()
+    net.load_state_dict(torch.load(run.init_from, map_location="cpu", weights_only=True))
+    for r in (0, 1):
+        whole, shard = (sum(x.sum().item() for x in xs) for xs in
+                        (net.parameters(), [p.chunk(2)[r] for p in net.parameters() if len(p.chunk(2)) > r]))
+        assert any(run.starts[r] == [pytest.approx(s, abs=1e-4)] for s in (whole, shard)), \
+            f"rank {r} starts from other weights than the file's: checksum {run.starts[r]}, the file's {whole:.4f}"
+
+
+def check_schedule_ends(run, reference=None):
+    for r in (0, 1):
+        lr = run.records[r][-1]["lr"]
+        assert lr < 1e-8, f"rank {r}: learning rate at the end {lr:.2e}, not 0: the cosine was built for other steps"
+
+
 CHECKS = {name[len("check_"):]: f for name, f in globals().items() if name.startswith("check_")}
 FAILS_WITH = {"finishes": "did not finish", "shards": "shards overlap", "new_order": "same order",
               "one_writer": "torch.save called by ranks", "train_loss": "printed train loss", "exact_test": "printed",
               "replicas": "replicas differ", "plain_keys": "saved names are not Net's",
               "leaves_group": "destroy_process_group called by ranks",
-              "same_as_ddp": "not close"}  # the message that says the check failed, not another error
+              "same_as_ddp": "not close", "starts_from": "starts from other weights",
+              "schedule_ends": "learning rate at the end"}  # the message that says the check failed, not another error
 DDP_CHECKS = ["finishes", "shards", "new_order", "one_writer", "train_loss", "exact_test", "replicas", "plain_keys",
-              "leaves_group"]
+              "leaves_group", "schedule_ends"]
 
 
 def wrong_half_of_the_test_labels(data_dir: str, folder: Path) -> str:
@@ -263,10 +312,11 @@ def wrong_half_of_the_test_labels(data_dir: str, folder: Path) -> str:
 
 
 def small_bn_net(batchnorm: bool) -> torch.nn.Module:
-    """A small classifier with or without a BatchNorm layer, the same weights every time."""
+    """A small classifier with a BatchNorm layer, or a GroupNorm (each example normalized alone) in its place, the
+    same weights every time."""
     nn = torch.nn
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8) if batchnorm else nn.Identity(), nn.ReLU(),
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8) if batchnorm else nn.GroupNorm(2, 8), nn.ReLU(),
                          nn.Linear(8, 3))
 
 

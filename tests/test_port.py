@@ -22,9 +22,9 @@ import torch.nn as nn
 
 from common.launcher import launch as launch_ranks
 from lessons import ROOT
-from port_checks import (CHECKS, DDP_CHECKS, FAILS_WITH, FAKE_SLURM, PORT, SPY, TEST_DDP, TEST_FSDP, TRAIN_PY,
-                         VARIANTS, check_same_as_ddp, ddp_grads, launch, load_port, small_bn_net, variant,
-                         wrong_half_of_the_test_labels)
+from port_checks import (CHECKS, DDP_CHECKS, FAILS_WITH, FAKE_SLURM, FROM_FILE, LOADING, PORT, SPY, TEST_DDP,
+                         TEST_FSDP, TRAIN_PY, VARIANTS, check_same_as_ddp, ddp_grads, launch, load_port, saved_on_a_gpu,
+                         small_bn_net, variant, wrong_half_of_the_test_labels)
 from walk import TOLERANCE
 
 # The global batch (checklist item "the global batch"): train.py at 64 a step, then the DDP port on 2 ranks with
@@ -46,13 +46,17 @@ def runs(synthetic_dir, tmp_path_factory):
     for name, text in FAKE_SLURM.items():
         (tmp / "fakebin" / name).write_text(text)
         (tmp / "fakebin" / name).chmod(0o755)
+    saved_on_a_gpu(tmp / "init.pt")  # FROM_FILE's --init-from
     data = str(Path(synthetic_dir) / "synthetic")
     split = wrong_half_of_the_test_labels(data, tmp / "split")
     ddp, fsdp = PORT / "train_ddp.py", PORT / "train_fsdp.py"
     jobs = {"ddp": (ddp, data, "2x1", TEST_DDP, {}), "fsdp": (fsdp, data, "slurm", TEST_FSDP, {}),
-            "ddp_split": (ddp, split, "1x2", TEST_DDP, {"flags": OWN_SHARD})}
+            "ddp_split": (ddp, split, "1x2", TEST_DDP, {"flags": OWN_SHARD}),
+            "ddp_init": (ddp, data, "1x2", TEST_DDP, {"flags": FROM_FILE}),
+            "fsdp_init": (fsdp, data, "1x2", TEST_DDP, {"flags": FROM_FILE})}
     for name, (script, _, layout, _) in VARIANTS.items():
-        options = {"flags": OWN_SHARD, "deadline_s": HANG_DEADLINE_S} if name == "best_by_own_shard" else {}
+        options = ({"flags": OWN_SHARD, "deadline_s": HANG_DEADLINE_S} if name == "best_by_own_shard" else
+                   {"flags": FROM_FILE} if name in LOADING else {})
         jobs[name] = (variant(name, tmp), split if options else data, layout,
                       TEST_FSDP if script == "train_fsdp.py" else TEST_DDP, options)
     for name, flags in BATCH_RUNS.items():
@@ -147,7 +151,7 @@ def test_train_fsdp_through_the_sbatch_template_passes_every_check(runs):
     fsdp = runs["fsdp"]
     assert "== script " in fsdp.output and "== rendezvous localhost:" in fsdp.output, fsdp.output
     for name in ["finishes", "shards", "new_order", "one_writer", "train_loss", "exact_test", "plain_keys",
-                 "leaves_group"]:
+                 "leaves_group", "schedule_ends"]:
         CHECKS[name](fsdp)
     check_same_as_ddp(fsdp, runs["ddp"])  # the same training as DDP's, with rank 0's 2 test batches against rank 1's 1
 
@@ -159,6 +163,15 @@ def test_a_branch_on_all_reduced_numbers_is_taken_by_every_rank(runs):
     CHECKS["finishes"](split)
     CHECKS["exact_test"](split)
     assert split.saved_epochs == [1] and split.epochs[1]["test_loss"] > split.epochs[0]["test_loss"], split.output
+
+
+def test_every_rank_starts_from_a_file_saved_on_a_gpu(runs):
+    """--init-from a file whose tensors say cuda:0, on 2 CPU ranks: each port loads it on every rank, with
+    map_location, before the wrap; FSDP2's ranks then hold their shards of it, and train as DDP's replicas do."""
+    for name in ("ddp_init", "fsdp_init"):
+        CHECKS["finishes"](runs[name])
+        CHECKS["starts_from"](runs[name])
+    check_same_as_ddp(runs["fsdp_init"], runs["ddp_init"])
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -193,7 +206,7 @@ def test_plain_batchnorm_under_ddp_normalizes_each_shard_alone():
     """SyncBatchNorm is GPU-only (its forward and DDP both refuse CPU modules), so on a CPU this shows the bug it
     prevents and the conversion: plain BatchNorm under DDP on 2 gloo ranks computes other gradients than one
     process on the same global batch (each rank normalizes its 8 images by their own mean), while the same model
-    without BatchNorm gives one process's gradients."""
+    with GroupNorm in its place (each image normalized alone) gives one process's gradients."""
     torch.manual_seed(0)
     data, target = torch.randn(16, 4), torch.randint(0, 3, (16,))
     for batchnorm in (True, False):
@@ -211,5 +224,9 @@ def test_plain_batchnorm_under_ddp_normalizes_each_shard_alone():
 def test_the_checklist_names_each_variant_and_its_check():
     text = (ROOT / "08_your_model" / "checklist.md").read_text()
     assert all(len(line) <= 120 for line in text.splitlines())
-    for name, (_, _, _, check) in VARIANTS.items():
-        assert f"`{name}`" in text and f"`{check}`" in text, name
+    items = re.findall(r"^\d+\. .*$", text, re.M)  # one line each, naming its proof: a variant, a test, or none
+    assert items and all(re.search(r"` -> `|`test_\w+`|\(no variant\)", item) for item in items), items
+    for name, (_, _, _, check) in VARIANTS.items():  # the variant and the check it fails, on the item's line
+        assert any(f"`{name}` -> `{check}`" in item for item in items), name
+    for name in re.findall(r"`(test_\w+)`", text):
+        assert name in globals(), f"{name}: no such test in tests/test_port.py"

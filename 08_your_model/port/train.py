@@ -68,6 +68,8 @@ def parse_args():
     p.add_argument("--test-samples", type=positive_int, help="use the first N test images (default: all)")
     p.add_argument("--checkpoint", default="checkpoints/mnist_cnn.pt", help="where the weights of the epoch with "
                    "the lowest test loss go (default: %(default)s)")
+    p.add_argument("--init-from", help="start from the weights in this file, one --checkpoint wrote (default: random)")
+    p.add_argument("--cosine", action="store_true", help="decay the learning rate to 0 along a cosine, step by step")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="auto: cuda if a GPU is visible, else cpu (default: %(default)s)")
     args = p.parse_args()
@@ -100,7 +102,7 @@ def load_data(args):
     return train_set, test_set
 
 
-def train_one_epoch(model, loader, optimizer, device):
+def train_one_epoch(model, loader, optimizer, schedule, device):
     """One pass over `loader`; returns the sum of the per-image losses and the number of images."""
     model.train()
     loss_sum, seen = 0.0, 0
@@ -110,6 +112,8 @@ def train_one_epoch(model, loader, optimizer, device):
         loss = F.cross_entropy(model(images), labels)
         loss.backward()
         optimizer.step()
+        if schedule:
+            schedule.step()
         loss_sum += loss.item() * len(labels)
         seen += len(labels)
     return loss_sum, seen
@@ -154,11 +158,15 @@ def main():
     test_loader = DataLoader(test_set, batch_size=1000, **loader_options)
 
     model = Net().to(device)
+    if args.init_from:  # map_location: onto this process's device, whichever device saved it
+        model.load_state_dict(torch.load(args.init_from, map_location=device, weights_only=True))
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    steps = args.epochs * len(train_loader)  # the optimizer steps of the whole run
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps) if args.cosine else None
     print(f"training on {device}: {len(train_set)} training images, {len(test_set)} test images", flush=True)
     best = float("inf")
     for epoch in range(1, args.epochs + 1):
-        train_loss, seen = train_one_epoch(model, train_loader, optimizer, device)
+        train_loss, seen = train_one_epoch(model, train_loader, optimizer, schedule, device)
         test_loss, correct, total = evaluate(model, test_loader, device)
         debug_record(model, epoch=epoch, train=[train_loss, seen], test=[test_loss, correct, total])
         print(f"epoch {epoch} | train_loss {train_loss / seen:.4f} | test_loss {test_loss / total:.4f} | "

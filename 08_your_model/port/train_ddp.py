@@ -71,6 +71,8 @@ def parse_args():
     p.add_argument("--test-samples", type=positive_int, help="use the first N test images (default: all)")
     p.add_argument("--checkpoint", default="checkpoints/mnist_cnn.pt", help="where the weights of the epoch with "
                    "the lowest test loss go (default: %(default)s)")
+    p.add_argument("--init-from", help="start from the weights in this file, one --checkpoint wrote (default: random)")
+    p.add_argument("--cosine", action="store_true", help="decay the learning rate to 0 along a cosine, step by step")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="auto: cuda if a GPU is visible, else cpu (default: %(default)s)")
     args = p.parse_args()
@@ -103,7 +105,7 @@ def load_data(args):
     return train_set, test_set
 
 
-def train_one_epoch(model, loader, optimizer, device):
+def train_one_epoch(model, loader, optimizer, schedule, device):
     """One pass over `loader`; returns the sum of the per-image losses and the number of images."""
     model.train()
     loss_sum, seen = 0.0, 0
@@ -113,6 +115,8 @@ def train_one_epoch(model, loader, optimizer, device):
         loss = F.cross_entropy(model(images), labels)
         loss.backward()
         optimizer.step()
+        if schedule:
+            schedule.step()
         loss_sum += loss.item() * len(labels)
         seen += len(labels)
     return loss_sum, seen
@@ -169,21 +173,26 @@ def main():
     test_loader = DataLoader(test_shard, batch_size=1000, **loader_options)
 
     net = Net().to(device)
+    if args.init_from:  # every rank, into the Net, BEFORE the wrap; onto this rank's device
+        net.load_state_dict(torch.load(args.init_from, map_location=device, weights_only=True))
     if device.type == "cuda":  # BatchNorm's statistics over the global batch, not each rank's (GPU only; Net has none)
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     # a collective: every rank calls it. DDP copies rank 0's weights to all; each backward() all_reduces the gradients
     model = DDP(net, device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    steps = args.epochs * len(train_loader)  # THIS rank's batches: W times fewer than one process's
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps) if args.cosine else None
+    debug_record(model, epoch=0)  # TEST HOOK: the weights training starts from
     print(f"[rank {rank}/{world_size}] training on {device}: {len(train_sampler)} of {len(train_set)} training images, "
           f"{len(test_shard)} of {len(test_set)} test images, a step of {args.batch_size} x {world_size}\n",
           end="", flush=True)  # the newline in the same write: another rank's line cannot land before it
     best = float("inf")
     for epoch in range(1, args.epochs + 1):
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        train_loss, seen = train_one_epoch(model, train_loader, optimizer, device)
+        train_loss, seen = train_one_epoch(model, train_loader, optimizer, schedule, device)
         test_loss, correct, total = evaluate(model, test_loader, device)
         debug_record(model, epoch=epoch, train=[train_loss, seen], test=[test_loss, correct, total],
-                     indices=list(train_loader.sampler))
+                     indices=list(train_loader.sampler), lr=optimizer.param_groups[0]["lr"])
         sums = torch.tensor([train_loss, seen, test_loss, correct, total], dtype=torch.float64, device=device)
         dist.all_reduce(sums)  # a collective: every rank calls it. SUMs of sums and counts, never means of means
         train_loss, seen, test_loss, correct, total = sums.tolist()

@@ -73,6 +73,8 @@ def parse_args():
     p.add_argument("--test-samples", type=positive_int, help="use the first N test images (default: all)")
     p.add_argument("--checkpoint", default="checkpoints/mnist_cnn.pt", help="where the weights of the epoch with "
                    "the lowest test loss go (default: %(default)s)")
+    p.add_argument("--init-from", help="start from the weights in this file, one --checkpoint wrote (default: random)")
+    p.add_argument("--cosine", action="store_true", help="decay the learning rate to 0 along a cosine, step by step")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="auto: cuda if a GPU is visible, else cpu (default: %(default)s)")
     args = p.parse_args()
@@ -105,7 +107,7 @@ def load_data(args):
     return train_set, test_set
 
 
-def train_one_epoch(model, loader, optimizer, device):
+def train_one_epoch(model, loader, optimizer, schedule, device):
     """One pass over `loader`; returns the sum of the per-image losses and the number of images."""
     model.train()
     loss_sum, seen = 0.0, 0
@@ -115,6 +117,8 @@ def train_one_epoch(model, loader, optimizer, device):
         loss = F.cross_entropy(model(images), labels)
         loss.backward()
         optimizer.step()
+        if schedule:
+            schedule.step()
         loss_sum += loss.item() * len(labels)
         seen += len(labels)
     return loss_sum, seen
@@ -173,24 +177,29 @@ def main():
     extra_forwards = -(-len(range(0, len(test_set), world_size)) // 1000) - len(test_loader)
 
     model = Net().to(device)  # the whole model on every rank, for a moment; each keeps its shard of it below
+    if args.init_from:  # every rank, BEFORE fully_shard (it broadcasts nothing); onto this rank's device
+        model.load_state_dict(torch.load(args.init_from, map_location=device, weights_only=True))
     mesh = init_device_mesh(device.type, (world_size,))
     for block in [*model.blocks, model.head]:
         fully_shard(block, mesh=mesh)  # one block's weights gathered at a time, in forward and in backward
     fully_shard(model, mesh=mesh)  # the root too: it holds what the blocks left (nothing here)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    steps = args.epochs * len(train_loader)  # THIS rank's batches: W times fewer than one process's
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps) if args.cosine else None
+    debug_record(model, epoch=0)  # TEST HOOK: the weights training starts from
     print(f"[rank {rank}/{world_size}] training on {device}: {len(train_sampler)} of {len(train_set)} training images, "
           f"{len(test_shard)} of {len(test_set)} test images, a step of {args.batch_size} x {world_size}\n",
           end="", flush=True)  # the newline in the same write: another rank's line cannot land before it
     best = float("inf")
     for epoch in range(1, args.epochs + 1):
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        train_loss, seen = train_one_epoch(model, train_loader, optimizer, device)
+        train_loss, seen = train_one_epoch(model, train_loader, optimizer, schedule, device)
         test_loss, correct, total = evaluate(model, test_loader, device)
         with torch.no_grad():
             for _ in range(extra_forwards):  # a collective: every rank calls forward as often as rank 0 does
                 model(torch.zeros(0, 1, 28, 28, device=device))
         debug_record(model, epoch=epoch, train=[train_loss, seen], test=[test_loss, correct, total],
-                     indices=list(train_loader.sampler))
+                     indices=list(train_loader.sampler), lr=optimizer.param_groups[0]["lr"])
         sums = torch.tensor([train_loss, seen, test_loss, correct, total], dtype=torch.float64, device=device)
         dist.all_reduce(sums)  # a collective: every rank calls it. SUMs of sums and counts, never means of means
         train_loss, seen, test_loss, correct, total = sums.tolist()
