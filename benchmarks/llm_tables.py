@@ -21,8 +21,9 @@ INTRO = (
     "32,000; 2.0 B parameters). A run takes 3 untimed warm-up steps (the compiling happens there), then 10 timed "
     "between two `torch.cuda.synchronize`. The batch per GPU is the largest that `08_your_model/will_it_fit.py` says "
     "fits the GPU (fsdp2).",
-    "**MFU** = (6 N + 12 L h s) x tokens/s per GPU / peak (`08_your_model/flops.py`): N the parameters without the "
-    "input embedding (a lookup; lm_head, a matmul, counts), L layers, h hidden, s = 2,048. **Peak**: 989.4 TFLOP/s, "
+    "**MFU** = (6 N + 12 L a s) x tokens/s per GPU / peak (`08_your_model/flops.py`): N the parameters without the "
+    "input embedding (a lookup; lm_head, a matmul, counts), L layers, a = heads x head_dim (here the hidden size: "
+    "32 x 64 and 32 x 128), s = 2,048. **Peak**: 989.4 TFLOP/s, "
     "the dense bf16 figure of an H100 SXM (an H200 has the same). **Ceiling**, the second denominator: the best bf16 "
     "`torch.mm` of the sweep on the same GPUs (the launch's own).")
 

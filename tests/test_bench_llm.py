@@ -43,9 +43,9 @@ def test_quick_mode_runs_every_llm_suite_and_writes_its_section(tmp_path):
     for r in trained:
         assert abs(r["tokens_per_s"] * r["step_s"] - r["batch"] * r["seq"]) < 1e-6 * r["batch"] * r["seq"]
         assert len(r["losses"]) == r["warmup"] + r["steps"] == 3 and r["seq"] == llm.QUICK_SEQ
-        cfg = llm.config(r["shape"], True)  # 6 N + 12 L h s, N without the input embedding
-        n = r["parameters"] - cfg.vocab_size * cfg.hidden_size
-        assert r["flops_per_token"] == 6 * n + 12 * cfg.num_hidden_layers * cfg.hidden_size * r["seq"]
+        cfg = llm.config(r["shape"], True)  # 6 N + 12 L a s, N without the input embedding, a = heads x head_dim
+        n, width = r["parameters"] - cfg.vocab_size * cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
+        assert r["flops_per_token"] == 6 * n + 12 * cfg.num_hidden_layers * width * r["seq"]
         assert r["mfu"] is None  # no peak for a CPU
     speed = {(r["gpus"], r["program"], r["variant"]): r for r in rows if r["suite"] == "llm_speed"}
     for (gpus, shape, variant), r in speed.items():  # one model, one data: compiled or not, the same first loss
