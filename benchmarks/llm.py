@@ -7,7 +7,7 @@ DistributedDataParallel with bf16 autocast), optionally compiles each decoder la
 float8 (torchao), then takes `warmup` untimed steps and `steps` timed ones between two torch.cuda.synchronize.
 The data: each sequence is a random segment of 64 tokens repeated (a copy task: the loss falls as the model learns to
 copy), drawn from (seed, step, rank): the same data for every run of one launch. MFU = 08_your_model/flops.py's
-FLOPs per token (6 N + 12 L h s, N without the input embedding) x tokens/s per GPU / the GPU's dense bf16 peak.
+FLOPs per token (6 N + 12 L a s, N without the input embedding) x tokens/s per GPU / the GPU's dense bf16 peak.
 The suites that use runs: benchmarks/llm_suites.py.
 """
 from __future__ import annotations
@@ -157,12 +157,13 @@ def train(setup: Setup, L, mesh, seed: int = 1, cap_bytes: int | None = None, tr
 
 
 def flops_per_token(cfg, seq: int) -> float:
-    """flops.py's 6 N + 12 L h s with N = the parameters less the input embedding (a lookup, no multiply); lm_head,
-    a matmul, counts."""
+    """flops.py's 6 N + 12 L a s with N = the parameters less the input embedding (a lookup, no multiply); lm_head,
+    a matmul, counts; a = heads x head_dim."""
     from transformers import LlamaForCausalLM
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
-    return flops.flops_per_token(flops.multiplying_parameters(model), cfg.num_hidden_layers, cfg.hidden_size, seq)
+    return flops.flops_per_token(flops.multiplying_parameters(model), cfg.num_hidden_layers,
+                                 flops.attention_width(cfg), seq)
 
 
 def _run(setup: Setup, cfg, seq: int, L, mesh, seed: int, cap_bytes, trace) -> dict:

@@ -4,8 +4,8 @@ For each case (fsdp2, fsdp2-ac and ddp on the 1.1 B shape, fsdp2 on a 152k vocab
 allowance's parts: peak allocated (the tensors), peak reserved (the caching allocator's share on top), and the context
 (CUDA, cuBLAS, NCCL: the device's used memory less the reserved). Then, on one GPU, two capped runs
 (torch.cuda.set_per_process_memory_fraction): at the estimate's "fits" total less the measured context (it must
-train), and at 90% of the "tight" line less the context (it runs out of memory, or the estimate says it does not
-fit). On several GPUs the uncapped runs only: a rank that ran out of memory alone would leave the others waiting.
+train), and at 90% of the "tight" line less the context (it must run out of memory: below the tight line nothing
+trains). On several GPUs the uncapped runs only: a rank that ran out of memory alone would leave the others waiting.
 """
 from __future__ import annotations
 

@@ -21,8 +21,9 @@ INTRO = (
     "32,000; 2.0 B parameters). A run takes 3 untimed warm-up steps (the compiling happens there), then 10 timed "
     "between two `torch.cuda.synchronize`. The batch per GPU is the largest that `08_your_model/will_it_fit.py` says "
     "fits the GPU (fsdp2).",
-    "**MFU** = (6 N + 12 L h s) x tokens/s per GPU / peak (`08_your_model/flops.py`): N the parameters without the "
-    "input embedding (a lookup; lm_head, a matmul, counts), L layers, h hidden, s = 2,048. **Peak**: 989.4 TFLOP/s, "
+    "**MFU** = (6 N + 12 L a s) x tokens/s per GPU / peak (`08_your_model/flops.py`): N the parameters without the "
+    "input embedding (a lookup; lm_head, a matmul, counts), L layers, a = heads x head_dim (here the hidden size: "
+    "32 x 64 and 32 x 128), s = 2,048. **Peak**: 989.4 TFLOP/s, "
     "the dense bf16 figure of an H100 SXM (an H200 has the same). **Ceiling**, the second denominator: the best bf16 "
     "`torch.mm` of the sweep on the same GPUs (the launch's own).")
 
@@ -161,11 +162,11 @@ def float8(rows):
 
 
 def agrees(r: dict) -> str:
+    """A capped run agrees with the estimate when it did what its cap says it must: train at the fits total, run out
+    of memory at 90% of the tight line (the estimate's tensors and context: below it nothing trains)."""
     if not r.get("cap_bytes"):
         return "-"
-    if "of fits" in r["variant"]:
-        return "yes" if r["outcome"] == "trained" else "**no**"
-    return "yes" if r["outcome"] == "out of memory" or r.get("verdict") == "does not fit" else "**no**"
+    return "yes" if r["outcome"] == ("trained" if "of fits" in r["variant"] else "out of memory") else "**no**"
 
 
 def fit(rows):
@@ -177,7 +178,9 @@ def fit(rows):
                 "first (its peaks, and the context: the device's used memory less the reserved bytes, i.e. CUDA, "
                 "cuBLAS and NCCL), then, on one GPU, capped (`torch.cuda.set_per_process_memory_fraction`) at the "
                 "estimate's fits total less that context (it must train) and at 90% of the tight line less the "
-                "context (it must run out of memory, or be called does not fit). 3 steps each.", rs,
+                "context (it must run out of memory: the tight line is the estimate's tensors and context, below it "
+                "nothing trains). Verdict: what will_it_fit.py says of that cap and context; agrees: the run did what "
+                "its cap says it must. 3 steps each.", rs,
                 ["GPUs", "shape", "strategy", "batch", "run", "estimate GiB", "fits GiB", "tight GiB", "cap GiB",
                  "verdict", "allocated GiB", "reserved GiB", "reserved / allocated", "allocated / estimate",
                  "context GiB", "outcome", "agrees"],

@@ -119,6 +119,36 @@ def test_flops_per_token_and_mfu():
                                                                             (2 * 989.4e12))
 
 
+@pytest.mark.parametrize("kind, head_dim", [("gemma", 32), ("mistral", 24), ("llama", None)])
+def test_the_formula_is_what_torch_counts(kind, head_dim):
+    """A training step's FLOPs as torch's FlopCounterMode counts them (its matmuls: eager attention's scores and their
+    product with v are two) are 6 N + 12 L a s per token, a = heads x head_dim: 128 and 96 wide in a hidden size of
+    32 (Gemma, Mistral), 32 for a Llama without head_dim. Norm weights multiply elementwise: no matmul, left out."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+    from flops import attention_width, flops_per_token, multiplying_parameters
+    config = CONFIG_MAPPING[kind](**SHAPE, head_dim=head_dim)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    assert attention_width(config) == 4 * (head_dim or 8)
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=INPUT, labels=INPUT).loss.backward()
+    norms = sum(p.numel() for name, p in model.named_parameters() if "norm" in name)
+    per_token = flops_per_token(multiplying_parameters(model) - norms, 2, attention_width(config), INPUT.shape[1])
+    assert counter.get_total_flops() == per_token * INPUT.numel()
+
+
+def test_the_epoch_line_says_its_mfu_is_the_whole_epochs(monkeypatch):
+    """On a GPU in the table the epoch line adds the MFU over the epoch's whole time, and says so; a = 4 x 32."""
+    from flops import rates
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    config = config_of("mistral", head_dim=32)
+    used = 2e8 * (6e6 + 12 * 2 * 128 * 196) / (2 * 989.4e12)  # 66.7% (62.2% with the hidden size, 32, for a)
+    assert rates(2e8, 10**6, config, 196, torch.device("cuda")) == \
+        f" | 200,000,000 tokens/s | MFU {used:.1%} (whole epoch: first step and any compile in it)"
+    assert rates(2e8, 10**6, config, 196, torch.device("cpu")) == " | 200,000,000 tokens/s"
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_the_formula_counts_what_multiplies(kind):
     """N: every parameter but the input embedding (a lookup); a tied lm_head is that matrix and multiplies."""

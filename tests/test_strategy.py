@@ -1,5 +1,6 @@
 """docs/strategy.md says what was measured and estimated: each s/step figure is a row of docs/benchmarks.json (by
-suite, variant and GPUs, to the digits shown), and its will_it_fit.py table is what the script prints."""
+suite, variant and GPUs, to the digits shown), and its will_it_fit.py table is what the script prints (its bytes per
+parameter: tests/test_strategy_bytes.py)."""
 import importlib.util
 import json
 import re
