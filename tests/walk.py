@@ -70,7 +70,8 @@ TOLERANCE = {"accuracy": 0.02,  # absolute: 2 points of accuracy; the correct co
              "loss": 0.10,      # relative: 10% of the page's loss,
              "loss_abs": 0.02}  # or 0.02 where that is more (a small loss moves by more than 10% of itself)
 # The headroom rule: under other kernels on the developers' host (AVX2, no vector kernels), a page's number holds
-# within half the tolerance, because another host moves further than a forced kernel setting does (issue 43).
+# within half the tolerance, because another host moves further than a forced kernel setting does (docs/tests.md,
+# "Digits across CPUs": an AMD EPYC AVX2 host put four blocks outside the tolerance that forced kernels had kept in).
 HEADROOM = {kind: limit / 2 for kind, limit in TOLERANCE.items()}
 VARIES = re.compile(r"(?<=accuracy )\d+\.\d+|(?<=loss )\d+\.\d+|(?<=\()\d+(?=/\d+\))")
 
