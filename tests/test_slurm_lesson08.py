@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from slurm.jobs import Job, completed, sbatch
+from slurm.jobs import ROOT, Job, completed, directives, sbatch
 from test_slurm_preemption import INJECT, read_log, report, run_to_the_end, wait_for
 
 SCRIPT = "08_your_model/slurm_submit_any.sh"
@@ -38,6 +38,14 @@ def test_digits_lm_on_two_nodes_through_the_template_for_any_script(slurm_cluste
     assert len(list((out_dir / "checkpoints" / "ckpt-e0001-s0000000").glob("*.distcp"))) == 4
     index = json.loads((export / "model.safetensors.index.json").read_text())["weight_map"]
     assert (export / "config.json").is_file() and len(set(index.values())) == 5, index  # embeddings, 3 layers, rest
+
+
+def test_the_template_asks_for_the_warning_signal_and_torchrun_ignores_it():
+    """No cluster needed: the lines that make the job below work (lesson 04's, test_slurm_lessons.py checks them there)."""
+    body = (ROOT / SCRIPT).read_text()
+    d = directives(body)
+    assert d["--signal"] == "USR1@120" and "--requeue" in d and d["--open-mode"] == "append", d
+    assert re.search(r"""\n    bash -c 'trap "" USR1; exec "\$@"' _ \\\n    torchrun """, body), body
 
 
 def test_the_warning_signal_checkpoints_requeues_and_resumes_as_if_uninterrupted(slurm_cluster, synthetic_dir, tmp_path):
