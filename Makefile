@@ -63,7 +63,7 @@ test-floor:
 	.venv-floor/bin/python -m pip install --quiet -e '.[dev]'
 	.venv-floor/bin/python -c "import torch; assert torch.__version__.startswith('2.9.'), torch.__version__"
 	.venv-floor/bin/python -m pytest tests/test_lessons.py tests/test_fsdp.py tests/test_config_and_logging.py \
-	    tests/test_tensor_parallel.py tests/test_pipeline.py \
+	    tests/test_tensor_parallel.py tests/test_pipeline.py tests/test_pipeline_floor.py \
 	    --deselect tests/test_tensor_parallel.py::test_tp_on_2_ranks_and_the_checkpoint_on_1x2
 
 # A real two-node Slurm cluster on this machine (needs root; apt-installs slurm and munge if missing).

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 
 from common.errors import CourseError
+from common.exits import run
+from torch_floor import require_torch_2_10
 
 INTERLEAVED = {"interleaved": 2, "zb": 2}  # stages per rank; gpipe and 1f1b: 1
 
@@ -215,6 +217,7 @@ def main(argv=None) -> None:
                 print(f"{s:<12} p {args.stages} m {m:>3}: idle {predict_idle(s, args.stages, m):.3f}, held micro-"
                       f"batches {[held_microbatches(s, args.stages, m, r) for r in range(args.stages)]}")
         return
+    require_torch_2_10()
     dist.init_process_group("gloo")
     rows = []
     for s in args.schedules:
@@ -233,4 +236,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -50,6 +50,7 @@ from common.position import Position, steps_per_epoch
 from common.samplers import EvalSampler
 from common.signals import StopSignals
 from stages import Stage, check_resume, init_weights, replicas, stage_blocks
+from torch_floor import require_torch_2_10
 
 LESSON = "07_pipeline_parallel"
 # name: (schedule, stages per rank). With 2 per rank, pp-rank r holds stages r and r + pp (the "loop" placement).
@@ -211,9 +212,7 @@ def main(argv=None):
                          f"divisor, or a {flag} that is a multiple of {args.microbatches}")
     if args.grad_accum > 1:  # step() scales ALL gradients, an earlier step's too: no accumulation over steps
         parser.error("argument --grad-accum: a pipeline accumulates its micro-batches already: use --microbatches")
-    if torch.__version__ < "2.10":  # TorchVersion compares as versions
-        raise CourseError(f"lesson 07 needs torch >= 2.10 (torch {torch.__version__}'s pipeline stages fail over gloo: "
-                          "pytorch/pytorch#165539): pip install 'torch>=2.10'")
+    require_torch_2_10()
     checkpoints = CheckpointDir(args, LESSON, sharded=True)
     resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` (its one-line errors)
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # common, torch_floor
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from common.errors import CourseError
 from common.exits import run
+from torch_floor import require_torch_2_10
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -104,8 +105,7 @@ def main(argv=None) -> None:
     parser.add_argument("--schedule", choices=list(SCHEDULES), default="gpipe")
     parser.add_argument("--microbatches", type=int, choices=[2, 4, 8], default=4, help="(default: 4)")
     args = parser.parse_args(argv)
-    if torch.__version__ < "2.10":  # TorchVersion compares as versions
-        raise CourseError("lesson 07 needs torch >= 2.10 (pytorch/pytorch#165539): pip install 'torch>=2.10'")
+    require_torch_2_10()
     if os.environ.get("WORLD_SIZE") != "2":
         raise CourseError("pp_minimal.py cuts its model in two, a stage per process: start it with "
                           "torchrun --standalone --nproc_per_node=2")

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import torch
-from torch.torch_version import TorchVersion
 
 from common.exits import run
 from common.launcher import launch
@@ -148,11 +147,8 @@ def test_the_timelines_have_a_legend(tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv, message", [
     (["--microbatches", "3"], "error: argument --microbatches: 3 does not divide --batch-size 64: pick a divisor"),
     (["--grad-accum", "2"], "error: argument --grad-accum: a pipeline accumulates its micro-batches already"),
-    ([], "error: lesson 07 needs torch >= 2.10 (torch 2.9.1's pipeline stages fail over gloo"),
-])
-def test_one_line_errors(argv, message, tmp_path, capsys, monkeypatch):
-    if not argv:  # the floor, as torch 2.9.1 would report it
-        monkeypatch.setattr(torch, "__version__", TorchVersion("2.9.1"))
+])  # below the torch floor: test_pipeline_floor.py
+def test_one_line_errors(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         run(pp_workers.lesson().main, [*argv, "--output-dir", tmp_path / "r"])
     err = capsys.readouterr().err.strip()

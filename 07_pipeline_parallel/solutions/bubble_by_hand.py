@@ -17,9 +17,11 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
+from common.exits import run  # noqa: E402
 from common.launcher import launch  # noqa: E402
 
 import bubble  # noqa: E402
+from torch_floor import require_torch_2_10  # noqa: E402
 
 P, MICROBATCHES = 2, [1, 2, 4, 8]
 
@@ -29,7 +31,8 @@ def predict(p: int, m: int) -> Fraction:
     return Fraction(p - 1, m + p - 1)
 
 
-def main():
+def main(argv=None):
+    require_torch_2_10()
     rows = launch(bubble.sweep, nprocs=P, args=("gpipe", MICROBATCHES, 4, 24, 1024, 32), timeout_s=240)[0]
     print(f"GPipe, p = {P} stages: idle fraction (p - 1) / (m + p - 1) predicted, and measured on {P} gloo ranks")
     print(f"{'m':>3}  {'predicted':>15}  {'measured':>8}  {'per rank':>9}  s/step")
@@ -47,4 +50,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -19,9 +19,11 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).res
 
 import torch  # noqa: E402
 
+from common.exits import run  # noqa: E402
 from common.launcher import launch  # noqa: E402
 
 import pp_minimal  # noqa: E402
+from torch_floor import require_torch_2_10  # noqa: E402
 
 MICROBATCHES = 4
 
@@ -31,7 +33,8 @@ def both(microbatches: int) -> dict:
     return {scale: pp_minimal.step("gpipe", microbatches, scale_grads=scale, quiet=True) for scale in (True, False)}
 
 
-def main():
+def main(argv=None):
+    require_torch_2_10()
     for rank, runs in enumerate(launch(both, nprocs=2, args=(MICROBATCHES,), timeout_s=120)):
         scaled, unscaled = runs[True]["grads"], runs[False]["grads"]
         nonzero = [unscaled[k][scaled[k] != 0] / scaled[k][scaled[k] != 0] for k in scaled]
@@ -46,4 +49,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)
