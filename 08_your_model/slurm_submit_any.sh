@@ -7,7 +7,7 @@
 #   mkdir -p logs                                # once: Slurm does not create logs/
 #   sbatch 08_your_model/slurm_submit_any.sh 08_your_model/port/train_ddp.py --epochs 2
 #   sbatch --nodes=2 -J fsdp-port 08_your_model/slurm_submit_any.sh 08_your_model/port/train_fsdp.py --epochs 2
-#   sbatch --nodes=2 08_your_model/slurm_submit_any.sh 08_your_model/digits_lm.py --output-dir runs/lm --resume auto
+#   sbatch --nodes=2 08_your_model/slurm_submit_any.sh 08_your_model/digits_lm.py --epochs 10 --resume auto
 #
 # The first argument is the Python script (its path from the course folder, or absolute); the others go to it
 # unchanged: this template adds no flag, so it runs scripts that are not the course's. They run in the folder you
@@ -25,9 +25,9 @@
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
 # Time limit and preemption, as lesson 04's scripts: Slurm sends SIGUSR1 120-180 s before the time limit to the
 # processes of the job's steps. digits_lm.py then saves a checkpoint and requeues the job, which keeps its id and
-# restarts with the same arguments: give it a fixed --output-dir and --resume auto (the first run starts fresh, the
-# restart continues; slurm/README.md, "Time limits"). A script that does not handle SIGUSR1 ignores it (trap below)
-# and runs into the time limit; a requeued one (preemption) starts again from its beginning unless it resumes.
+# restarts with the same arguments: give it --resume auto (the first run starts fresh, the restart continues from
+# the checkpoint in its --output-dir; slurm/README.md, "Time limits"). A script that does not handle SIGUSR1 ignores
+# it (trap below) and runs into the time limit; a requeued one (preemption) starts again unless it resumes.
 #SBATCH --signal=USR1@120          # raise the 120 if saving a checkpoint takes longer than a minute
 #SBATCH --requeue                  # the job may go back to the queue: on preemption, or by itself on SIGUSR1
 #SBATCH --open-mode=append         # a requeued run appends to the same log instead of overwriting it
