@@ -48,7 +48,7 @@ echo "== rendezvous $MASTER_ADDR:$MASTER_PORT (c10d, id $SLURM_JOB_ID)"
 
 # --ntasks/--ntasks-per-node: exactly one torchrun per node, whatever the #SBATCH lines say.
 # --cpus-per-task again: from Slurm 22.05 on, srun may not inherit it from sbatch.
-# trap "" USR1: SIGUSR1 would kill torchrun; exec passes the ignore on to it and its workers, whose own handler replaces it.
+# trap "" USR1: SIGUSR1 would kill torchrun; exec passes the ignore on to it and its workers (their handler wins).
 srun --kill-on-bad-exit=1 --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
     bash -c 'trap "" USR1; exec "$@"' _ \
     torchrun --nnodes="$SLURM_NNODES" --nproc_per_node="$NPROC_PER_NODE" \

@@ -1,8 +1,9 @@
 """Lesson 08's template for any script (08_your_model/slurm_submit_any.sh), running digits_lm.py, submitted UNCHANGED
 to the real two-node test cluster (--nodes=2, 2 processes per node; the test nodes' "GPUs" are /dev/null, so gloo on
 CPU): one torchrun per node meeting at a c10d rendezvous, 4 ranks sharding the Hugging Face decoder with FSDP2 across
-the two nodes' network namespaces, each rank writing its DCP shard and its part of the export. And the template's warning before the time limit: the job
-gets SIGUSR1, saves, requeues itself, resumes with --resume auto and ends as a run that was never interrupted.
+the two nodes' network namespaces, each rank writing its DCP shard and its part of the export. And the template's
+warning before the time limit: the job gets SIGUSR1, saves, requeues itself, resumes with --resume auto and ends as a
+run that was never interrupted.
 """
 import json
 import re
@@ -41,14 +42,14 @@ def test_digits_lm_on_two_nodes_through_the_template_for_any_script(slurm_cluste
 
 
 def test_the_template_asks_for_the_warning_signal_and_torchrun_ignores_it():
-    """No cluster needed: the lines that make the job below work (lesson 04's, test_slurm_lessons.py checks them there)."""
+    """No cluster needed: the lines that make the job below work (lesson 04's; test_slurm_lessons.py checks those)."""
     body = (ROOT / SCRIPT).read_text()
     d = directives(body)
     assert d["--signal"] == "USR1@120" and "--requeue" in d and d["--open-mode"] == "append", d
     assert re.search(r"""\n    bash -c 'trap "" USR1; exec "\$@"' _ \\\n    torchrun """, body), body
 
 
-def test_the_warning_signal_checkpoints_requeues_and_resumes_as_if_uninterrupted(slurm_cluster, synthetic_dir, tmp_path):
+def test_the_warning_signal_saves_requeues_and_resumes_as_if_uninterrupted(slurm_cluster, synthetic_dir, tmp_path):
     """Two jobs at once, each on both nodes (1 CPU and 1 GPU of each: --gpus-per-node=1, NPROC_PER_NODE=2): the same
     training with --resume auto, one left alone, one stopped. Rank 0 of that one waits at step 3 (tests/inject); the
     test sends on that line what Slurm sends 120 s before the time limit, `scancel --signal=USR1`. The vote of step 10,
