@@ -20,6 +20,7 @@ On GPUs (nccl), torch.cuda.max_memory_allocated over the 3 steps is the measure,
 device, its total memory, will_it_fit.py's estimate (the tensors), the measured peak and their ratio, and each step's
 peak and allocated bytes at its loss (before backward). On the CPU the same line carries the tracker's peak.
 """
+import gc
 import json
 import os
 import platform
@@ -86,6 +87,7 @@ def measure(config, strategy: str, args, mesh, device) -> dict:
     """{"peak": bytes, "steps": [(step's peak, allocated at its loss)] on GPUs, "measured": {category: bytes} on the
     CPU} on this rank."""
     cuda, dtype = device.type == "cuda", getattr(torch, args.dtype)
+    gc.collect()  # the previous strategy's model (DDP's reducer holds reference cycles)
     model = build(config, strategy, mesh, device, dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=cuda)
     tokens = torch.Generator().manual_seed(dist.get_rank())
@@ -174,7 +176,8 @@ def main(argv=None):
         if not torch.cuda.is_available():
             raise CourseError("--device cuda but no CUDA GPU is visible: run on a GPU node or use --device cpu")
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            device_id=device if device.type == "cuda" else None)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     name, total = where(device)
     rows = []
