@@ -1,51 +1,33 @@
 """Will it fit? The bytes per GPU of training a Hugging Face decoder, by category, and a verdict: before you submit.
 
-    python 08_your_model/will_it_fit.py 08_your_model/configs/llama3_8b.json --gpus 8 --gpu-memory 80 --strategy fsdp2
+    python 08_your_model/will_it_fit.py 08_your_model/configs/llama3_8b.json --gpus 8 --gpu h100 --strategy fsdp2
     python 08_your_model/will_it_fit.py 08_your_model/configs/llama3_70b.json --gpus 32 --strategy fsdp2-ac
 
-No GPU and no download. The parameters are counted exactly, from the config's own model class
-(AutoModelForCausalLM.from_config on the meta device: shapes, no memory), so Qwen2's q/k/v biases count; the config is
-read by hf_config.py (dense decoders only: a mixture of experts is refused). The layer formula below is a Llama-style
-layer's (q, k, v, o, gate, up, down projections, RMSNorm, SwiGLU): a model whose layers hold other pieces is refused.
-The step priced is digits_lm.py's: zero_grad() (set_to_none), logits = model(input_ids, use_cache=False).logits.float(),
-loss = F.cross_entropy(logits, targets), backward, AdamW's step. (use_cache=True, the configs' default, builds a KV
-cache in training too: under checkpoint_wrapper, the cache and each recomputation's k and v stay alive until backward
-ends, measured on CPU. Pass use_cache=False.)
+No GPU and no download. The config is read by hf_config.py (dense decoders only: a mixture of experts is refused);
+the formula, its moments and what checks it: memory_formula.py (a Llama-style layer only: Gemma-2 is refused).
   ddp       DistributedDataParallel(gradient_as_bucket_view=True) and bf16 autocast: everything on every GPU
   fsdp2     fully_shard per decoder layer, then the root (embeddings, final norm, lm_head), MixedPrecisionPolicy(bf16
             params, fp32 reduce): fp32 weights, gradients and AdamW state sharded (rank 0 holds ceil(rows / N) rows)
   fsdp2-ac  fsdp2 with each decoder layer in checkpoint_wrapper: it saves its input only, and recomputes in backward
   fsdp2-tp  a (N / tp, tp) mesh: q, k, v, gate, up colwise and o, down rowwise in each layer (no sequence parallel),
             then fsdp2 over N / tp; embeddings, norms and lm_head whole on each TP rank. --batch-size: per TP group
---dtype float32: no mixed precision; gathered weights and activations in fp32 too.
-
-The formula, in bytes per token (t = batch x seq tokens per GPU; e = 2 for bf16, 4 for fp32; h hidden, I intermediate,
-V vocab, L layers, n heads, q = n x head_dim, k = kv heads x head_dim, T = tp, 1 without TP):
-  A = 2 r h + (e (2q + 2k + 4I) + 4n) / T      saved for backward by one decoder layer
-      r = 4 + 2e: each RMSNorm keeps its input in fp32 and its output twice, before and after its weight (DDP's
-      autocast: r = 10, its residual stream stays fp32); SDPA (flash) keeps q, k, v (GQA: k and v at kv width), its
-      output and 4 bytes of log-sum-exp per head; the MLP keeps gate, silu(gate), up and their product
-  a checkpointed layer saves e h (its input), and holds its A again while its backward recomputes it
-  the loss, as backward starts: r h (the final norm) + 12 V (log_softmax's fp32 output, its gradient, its input's;
-      the bf16 logits and their fp32 copy are freed by then: neither is saved for backward)
-  in flight: 20 h of fp32 temporaries in the final norm's backward; G = e (2I / T + h) in a layer's
-The peak is the largest of these moments of the step; each printed category is that moment's (W: gathered weights):
-  loss        shards + W(root) + (L A + r h + 12 V) t   (the loss is outside the model: backward reaches the root's
-              hook, which gathers the last layer, only once the loss's backward is done)
-  final norm  shards + W(root, last layer) + lm_head's gradient + (L A + (r + 20) h) t
-  layer i     shards + the gradients of layers > i + W(root, layers i and i - 1) + layer i + 1's fp32 reduce-scatter
-              input + the gradients of lm_head and down_proj + ((i + 1) A + G) t    (AC: ((i + 1) e h + A + G) t)
-  reduce      shards + all gradients + the root's gradients (e) + their fp32 reduce-scatter input and output
-  step        shards + all gradients + foreach AdamW's temporary (one fp32 copy of the shards)
-  ddp: everything whole on every GPU, the gradients too (they are the buckets); instead of W, autocast's bf16
-  copies of the Linear weights
-On top, measured on H100s (issue 45; the constants below): CONTEXT_BYTES per process for the CUDA context, cuBLAS
-and NCCL, and the caching allocator's reserved memory over the allocated tensors, RESERVED_OVER_ALLOCATED. The
-verdict: "fits" when tensors x RESERVED_OVER_ALLOCATED + CONTEXT_BYTES is at most the GPU, "tight" when only
-tensors + CONTEXT_BYTES is (it trains only if the allocator fragments less than measured), else "does not fit".
-08_your_model/measure_memory.py measures the tensors with torch's FSDPMemTracker on CPU, digits_lm.py's step: within
-2% of this estimate, the total and each category, for fsdp2 and fsdp2-ac (tests/test_will_it_fit.py; ddp and
-fsdp2-tp follow the same rules, not measured).
+--dtype float32: no mixed precision; gathered weights and activations in fp32 too. --seq-len: 4096 by default, or
+the config's max_position_embeddings if smaller; a longer one is priced, with a warning.
+The GPU's size is its memory as torch reports it (torch.cuda.get_device_properties(0).total_memory), less than the
+card's name says: --gpu h100 is 79.18 GiB (an H100 80GB HBM3), --gpu h200 139.80 GiB (143,771 MiB in nvidia-smi):
+docs/benchmarks.json's total_memory (the llm suites' torch.cuda.mem_get_info total, torch 2.11.0+cu130, 2026-11-28).
+For another GPU, --gpu-memory with the GiB that total_memory / 2**30 shows on it.
+On top of the tensors (what torch.cuda.max_memory_allocated() should show), measured on 2x H100 (torch 2.11.0+cu130,
+2026-11): CONTEXT_BYTES per process for the CUDA context, cuBLAS and NCCL, and the caching allocator's reserved
+memory over the allocated tensors, RESERVED_OVER_ALLOCATED. The verdict: "fits" when tensors x
+RESERVED_OVER_ALLOCATED + CONTEXT_BYTES (the total printed) is at most the GPU, "tight" when only tensors +
+CONTEXT_BYTES is (it trains only if the allocator fragments less than measured), else "does not fit".
+The estimate against measured steps: ddp, fsdp2 and fsdp2-ac within 2% of torch's memory trackers on one CPU model
+(memory_formula.py). On GPUs, max_memory_allocated against it: fsdp2 and fsdp2-ac within 0.2% on 2 H200s (batch
+2 x 2048, 2026-11), within 2% on one H100 (docs/benchmarks.json's llm_fit rows); ddp +0.2% on that H100
+(TinyLlama-1.1B's shape, batch 4 x 2048), and on the 2 H200s +0.4% for Qwen2-1.5B's shape but +14% for
+TinyLlama-1.1B's: a part that the CPU does not show (measure_memory.py --device cuda prints each step's peak).
+Exit codes (for a job script: `python will_it_fit.py ... || exit`): 0 fits or tight, 3 does not fit, 2 bad input.
 """
 import dataclasses
 import math
@@ -62,22 +44,18 @@ from common.errors import CourseError
 from common.exits import run
 from common.files import work_in_course_folder
 from hf_config import read_config
+from memory_formula import CATEGORIES, count, estimate, peak
 
 GIB = 2 ** 30
-# The allowance on top of the tensors, each part from a measurement (issue 45: 2x H100, torch 2.11.0+cu130, a136b1a):
+# The allowance on top of the tensors, each part measured on 2x H100 (torch 2.11.0+cu130, 2026-11):
 CONTEXT_BYTES = 1.70e9  # CUDA context + cuBLAS + NCCL per process: mem_get_info() less max_memory_reserved() after
 #                         FSDP2 steps over NCCL on H100 (docs: platform notes), 1.58 GiB
 RESERVED_OVER_ALLOCATED = dict.fromkeys(("ddp", "fsdp2", "fsdp2-ac", "fsdp2-tp"), 1.31)  # peak reserved over peak
 #                         allocated: 1.13-1.31 over fsdp2, fsdp2-ac, ddp and a 152k vocabulary; the largest, for all
 STRATEGIES = tuple(RESERVED_OVER_ALLOCATED)
-LAYER = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # the formula's Llama-style layer
-COLWISE, ROWWISE = LAYER[:3] + LAYER[4:6], (LAYER[3], LAYER[6])
-CATEGORIES = {"parameters": "parameters (fp32{} + buffers)",
-              "gradients": "gradients (fp32{})",
-              "optimizer": "AdamW state (2 x fp32{}; in its step, +1)",
-              "gathered": "gathered units / communication buffers",
-              "unsharded": "gradients before their reduce-scatter (unsharded)",
-              "activations": "activations (saved for backward, loss, in flight)"}
+GPUS = {"h100": 85_017_493_504, "h200": 150_109_880_320}  # total_memory as torch reports it (see the docstring)
+DOES_NOT_FIT = 3  # the exit code of a "does not fit" verdict
+SEQ_LEN = 4096  # the default --seq-len, or the config's max_position_embeddings if smaller
 EXAMPLE = "e.g. 08_your_model/configs/llama3_8b.json"
 
 
@@ -106,33 +84,13 @@ def verdict(fits_line: float, tight_line: float, gpu_bytes: float) -> str:
     return "fits" if fits_line <= gpu_bytes else "tight" if tight_line <= gpu_bytes else "does not fit"
 
 
-def with_allowance(tensors: float, strategy: str = "fsdp2") -> float:
-    return lines(tensors, strategy)[0]
-
-
-ALLOWANCE_GIB = CONTEXT_BYTES / GIB  # benchmarks/llm_fit.py's "tight" line: tensors + the context
-
-
 def load_config(path, flag: str = "config"):
     """The config.json as its transformers config (hf_config.read_config: one line for anything it cannot use)."""
     return read_config(path, flag)
 
 
-def count(config) -> tuple[dict, int]:
-    """{name: shape} of every parameter of the config's model class (tied weights once), and its buffers' elements."""
-    from transformers import AutoModelForCausalLM
-    with torch.device("meta"):  # shapes only: a 70 B model in no memory, in seconds
-        model = AutoModelForCausalLM.from_config(config)
-    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    found = {n.split(".")[-2] for n in shapes if ".layers.0." in n and n.endswith(".weight") and "_proj." in n}
-    if found != set(LAYER):
-        raise CourseError(f"{config.model_type}: its decoder layer holds {sorted(found) or 'no *_proj weights'}, not "
-                          f"a Llama-style layer's {', '.join(LAYER)}: this formula cannot price it")
-    return shapes, sum(b.numel() for b in model.buffers())
-
-
 def price(config, strategy: str, gpus: int, batch: int, seq: int, tp: int | None = None, dtype: str = "bfloat16",
-          gpu_memory_gib: float = 80.0, counted: tuple | None = None) -> Price:
+          gpu_memory_gib: float = GPUS["h100"] / GIB, counted: tuple | None = None) -> Price:
     """The estimate of `strategy` on `gpus` GPUs of `gpu_memory_gib` GiB, batch x seq tokens per GPU, with its
     verdict. `counted`: count(config)'s result, when the caller keeps it (a count builds the model on meta)."""
     shapes, buffers = counted or count(config)
@@ -141,17 +99,6 @@ def price(config, strategy: str, gpus: int, batch: int, seq: int, tp: int | None
     fits_line, tight_line = lines(tensors, strategy)
     gpu_bytes = gpu_memory_gib * GIB
     return Price(moment, cats, tensors, fits_line, tight_line, verdict(fits_line, tight_line, gpu_bytes), gpu_bytes)
-
-
-def pieces(name: str, shape: tuple, dp: int, tp: int) -> tuple[int, int]:
-    """(elements rank 0 holds, elements a gather of the unit allocates): the TP cut first, then FSDP2's rows, padded."""
-    shape, module = list(shape), name.split(".")[-2]
-    if tp > 1 and module in COLWISE:
-        shape[0] //= tp  # by output features, the bias too
-    elif tp > 1 and module in ROWWISE and name.endswith("weight"):
-        shape[1] //= tp  # by input features
-    rows, rest = -(-shape[0] // dp), math.prod(shape[1:])
-    return rows * rest, rows * dp * rest
 
 
 def check(config, args) -> None:
@@ -172,55 +119,15 @@ def tp_of(args) -> int:
     return (args.tp or 2) if args.strategy == "fsdp2-tp" else 1
 
 
-def estimate(config, shapes: dict, buffers: int, strategy: str, gpus: int, tp: int, batch: int, seq: int,
-             dtype: str) -> dict:
-    """{moment: {category: bytes on the fullest GPU}} of one training step; the docstring's formula."""
-    tp = tp if strategy == "fsdp2-tp" else 1
-    dp, e, ac = (1 if strategy == "ddp" else gpus // tp), (2 if dtype == "bfloat16" else 4), strategy == "fsdp2-ac"
-    shard = layer = layer_shard = root = matmul = 0
-    for name, shape in shapes.items():
-        held, gathered = pieces(name, shape, dp, tp)
-        shard += held
-        matmul += math.prod(shape) if name.endswith("proj.weight") or name == "lm_head.weight" else 0
-        if ".layers.0." in name:
-            layer, layer_shard = layer + gathered, layer_shard + held
-        elif ".layers." not in name:
-            root += gathered
-    h, inter, vocab, n = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_attention_heads
-    q, k = (shapes[f"model.layers.0.self_attn.{m}.weight"][0] for m in ("q_proj", "k_proj"))  # any head_dim
-    depth, t = config.num_hidden_layers, batch * seq
-    r = 10 if (strategy == "ddp" and e == 2) else 4 + 2 * e
-    per_layer = 2 * r * h + (e * (2 * q + 2 * k + 4 * inter) + 4 * n) / tp
-    saved = (e * h if ac else per_layer) * t  # one layer's, kept from forward to its backward
-    in_flight = e * (2 * inter / tp + h) * t
-    state = {"parameters": 4 * (shard + buffers), "optimizer": 8 * shard}
-    grads = 4 * shard
-    loss = depth * saved + (r * h + 12 * vocab) * t
-    if strategy == "ddp":  # gradients ARE the all-reduce buckets, allocated once; autocast's bf16 weight copies
-        copies = 2 * matmul if e == 2 else 0
-        state.update(gradients=grads, unsharded=0)
-        return {"loss": {**state, "gathered": copies, "activations": loss},
-                "final norm": {**state, "gathered": copies, "activations": depth * saved + (r + 20) * h * t},
-                "layer": {**state, "gathered": copies, "activations": depth * saved + in_flight},
-                "step": {**state, "gathered": 0, "activations": 0, "optimizer": 12 * shard}}
-    lm_head = vocab * h  # its gradient, unsharded, waits for the root's reduce-scatter at the end of backward
-    moments = {"loss": {**state, "gradients": 0, "gathered": e * root, "unsharded": 0, "activations": loss},
-               "final norm": {**state, "gradients": 0, "gathered": e * (root + layer), "unsharded": e * lm_head,
-                              "activations": depth * saved + (r + 20) * h * t}}
-    for i in reversed(range(depth)):  # backward runs the layers last to first
-        gathered = e * root + e * layer * (2 if i else 1) + (4 * layer if i < depth - 1 else 0)
-        acts = (i + 1) * saved + (per_layer * t if ac else 0) + in_flight
-        moments[f"layer {i}"] = {**state, "gradients": 4 * layer_shard * (depth - 1 - i), "gathered": gathered,
-                                 "unsharded": e * (lm_head + h * inter / tp), "activations": acts}
-    moments["reduce"] = {**state, "gradients": grads, "gathered": 4 * root + 4 * root / dp,  # the root resharded
-                         "unsharded": e * root, "activations": 0}
-    moments["step"] = {**state, "gradients": grads, "gathered": 0, "unsharded": 0, "activations": 0,
-                       "optimizer": 12 * shard}
-    return moments
-
-
-def peak(moments: dict) -> tuple[str, dict]:
-    return max(moments.items(), key=lambda item: sum(item[1].values()))
+def sequence(config, args) -> int:
+    """--seq-len, or its default capped at the config's max_position_embeddings; a longer one warned of."""
+    most = getattr(config, "max_position_embeddings", None) or SEQ_LEN
+    if args.seq_len is None:
+        return min(SEQ_LEN, most)
+    if args.seq_len > most:
+        print(f"warning: --seq-len {args.seq_len} is above the config's max_position_embeddings {most}: priced as "
+              f"asked, but the model was not built for it", file=sys.stderr)
+    return args.seq_len
 
 
 def advice(config, shapes, buffers, args) -> str:
@@ -247,6 +154,7 @@ def report(args) -> dict:
     config = load_config(args.config)
     shapes, buffers = count(config)  # a layer that is not Llama-style stops here
     check(config, args)
+    args.seq_len = sequence(config, args)
     result = price(config, args.strategy, args.gpus, args.batch_size, args.seq_len, tp_of(args), args.dtype,
                    args.gpu_memory, (shapes, buffers))
     cats = result.bytes
@@ -254,45 +162,58 @@ def report(args) -> dict:
     layer = sum(math.prod(s) for n, s in shapes.items() if ".layers.0." in n)
     mesh = f" (mesh {args.gpus // tp_of(args)} x tp {tp_of(args)})" if args.strategy == "fsdp2-tp" else ""
     share = "" if args.strategy == "ddp" else " shards"
+    gpu = f"{args.gpu_memory:.2f} GiB" + (f" ({args.gpu})" if args.gpu else "")
     print(f"{args.config}: {human(params)} parameters ({params:,}, {type(config).__name__[:-6]}ForCausalLM): "
           f"{config.num_hidden_layers} decoder layers of {human(layer)}, "
           f"{human(params - config.num_hidden_layers * layer)} outside them")
-    print(f"{args.strategy} on {args.gpus} GPU(s){mesh} of {args.gpu_memory:g} GiB, batch {args.batch_size} x "
-          f"{args.seq_len} tokens, {args.dtype}{' mixed precision' if args.dtype == 'bfloat16' else ''}; "
-          f"the peak: {result.moment}")
+    print(f"{args.strategy} on {args.gpus} GPU(s){mesh} of {gpu}, batch {args.batch_size} x {args.seq_len} tokens, "
+          f"{args.dtype}{' mixed precision' if args.dtype == 'bfloat16' else ''}; the peak: {result.moment}")
     print(f"{'bytes per GPU':<52}{'bytes':>18}{'GiB':>9}")
     rows = [(CATEGORIES[c].format(share if c != "gathered" else ""), cats[c]) for c in CATEGORIES]
     rows += [("tensors (torch.cuda.max_memory_allocated)", result.tensors),
              (f"allocator reserved ({RESERVED_OVER_ALLOCATED[args.strategy]:g}x) + context "
-              f"({CONTEXT_BYTES / GIB:.2f} GiB)", result.allowance), ("total: fits at", result.fits_line)]
+              f"({CONTEXT_BYTES / GIB:.2f} GiB)", result.allowance),
+             ("total with the allocator and context", result.fits_line)]
     for label, value in rows:
         print(f"{label:<52}{value:>18,.0f}{value / GIB:>9.2f}")
     if not cats["gradients"]:
         print("(no gradients at that moment: zero_grad() freed them, and backward has reduced none yet)")
-    of = f"of {args.gpu_memory:g} GiB"
-    print(f"fits: {result.fits_line / GIB:.1f} {of}" if result.verdict == "fits" else
-          f"tight: {result.fits_line / GIB:.1f} {of} with the measured allocator share, {result.tight_line / GIB:.1f} "
-          f"without it; {advice(config, shapes, buffers, args)}" if result.verdict == "tight" else
-          f"does not fit: {result.fits_line / GIB:.1f} {of}; {advice(config, shapes, buffers, args)}")
+    total, of = result.fits_line / GIB, f"of {args.gpu_memory:.2f} GiB"
+    print(f"fits: {total:.1f} {of} ({total / args.gpu_memory:.0%}), {args.gpu_memory - total:.1f} GiB to spare "
+          f"after the allowance" if result.verdict == "fits" else
+          f"tight: {total:.1f} {of} with the measured allocator share, {result.tight_line / GIB:.1f} without it; "
+          f"{advice(config, shapes, buffers, args)}" if result.verdict == "tight" else
+          f"does not fit: {total:.1f} {of}; {advice(config, shapes, buffers, args)}")
     return {"parameters": params, **dataclasses.asdict(result)}
 
 
 def main(argv=None):
     work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
-    p = Parser(description=__doc__.splitlines()[0])
+    p = Parser(description=__doc__.splitlines()[0],
+               epilog=f"exit codes: 0 fits or tight, {DOES_NOT_FIT} does not fit, 2 bad input")
     p.add_argument("config", help=f"a Hugging Face decoder config.json ({EXAMPLE})")
     p.add_argument("--gpus", type=positive_int, default=1, help="GPUs in the job, all nodes together (default: 1)")
-    p.add_argument("--gpu-memory", type=positive_float, default=80.0, metavar="GIB",
-                   help="memory of one GPU in GiB, e.g. 80 for an H100, 141 for an H200 (default: 80)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--gpu", choices=list(GPUS), help="a GPU's memory as torch reports it: h100 79.18 GiB, h200 "
+                      "139.80 GiB (default: h100)")
+    size.add_argument("--gpu-memory", type=positive_float, metavar="GIB", help="another GPU's memory in GiB as "
+                      "torch.cuda.get_device_properties(0).total_memory / 2**30 shows it (79.18 for an H100 80GB)")
     p.add_argument("--strategy", choices=STRATEGIES, default="fsdp2", help="how the model is spread (default: fsdp2)")
     p.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel degree of fsdp2-tp (default: 2)")
     p.add_argument("--batch-size", type=positive_int, default=1,
                    help="sequences per GPU per step (fsdp2-tp: per TP group) (default: 1)")
-    p.add_argument("--seq-len", type=positive_int, default=4096, help="tokens per sequence (default: 4096)")
+    p.add_argument("--seq-len", type=positive_int, default=None, help=f"tokens per sequence (default: {SEQ_LEN}, or "
+                   f"the config's max_position_embeddings if smaller)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                    help="bfloat16: mixed precision over fp32 master weights; float32: none (default: bfloat16)")
-    return report(p.parse_args(argv))
+    args = p.parse_args(argv)
+    if args.gpu_memory is None:
+        args.gpu = args.gpu or "h100"
+        args.gpu_memory = GPUS[args.gpu] / GIB
+    return report(args)
 
 
 if __name__ == "__main__":
-    run(main)
+    verdicts = []
+    run(lambda argv: verdicts.append(main(argv)["verdict"]))  # bad input: exit 2
+    sys.exit(DOES_NOT_FIT if verdicts == ["does not fit"] else 0)

@@ -10,6 +10,7 @@ trains). On several GPUs the uncapped runs only: a rank that ran out of memory a
 from __future__ import annotations
 
 import functools
+import math
 import sys
 
 from benchmarks.launch import ROOT
@@ -42,6 +43,12 @@ def verdict(est: dict, memory: float) -> str:
     return will_it_fit.verdict(est["fits_line"], est["tight_line"], memory)
 
 
+def cap_bytes(line: float, share: float, context: float) -> int:
+    """The allocator's cap of a run at `share` of a line, less the context: rounded up, so that the context plus the
+    cap at 100% of the "fits" line is that line (will_it_fit.verdict: fits), not a byte under it (tight)."""
+    return math.ceil(share * line - context)
+
+
 def fill_batch(shape: str, gpus: int, memory: float, quick: bool) -> int:
     """The largest batch per GPU (up to 64) whose estimate fits `memory` bytes: the batch that fills the GPU."""
     if quick:
@@ -67,7 +74,7 @@ def fit(L, mesh) -> None:
             said = True
             continue
         for line, share in (("fits", 1.0), ("tight", 0.9)):
-            cap = int(share * est[f"{line}_line"] - free["context"])
+            cap = cap_bytes(est[f"{line}_line"], share, free["context"])
             row = train(setup, L, mesh, cap_bytes=cap)
             L.emit("llm_fit", program=shape, variant=f"{strategy} capped at {share:.0%} of {line}", cap_bytes=cap,
                    verdict=verdict(est, cap + free["context"]), measured_context=free["context"], **est, **row)
