@@ -42,7 +42,7 @@ def test_the_will_it_fit_table_is_what_the_script_estimates():
     spec.loader.exec_module(fit)
     config = fit.load_config(ROOT / "08_your_model" / "configs" / "llama3_8b.json")
     counted = fit.count(config)
-    rows = table("| strategy | GPUs x 80 GiB | sequence | tensors | fits at | verdict |")
+    rows = table("| strategy | H100s (79.18 GiB) | sequence | tensors | fits at | verdict |")
     assert len(rows) == 4
     for strategy, gpus, seq, tensors, fits_at, verdict in rows:
         price = fit.price(config, strategy, int(gpus), 1, int(seq.replace(",", "")), counted=counted)
