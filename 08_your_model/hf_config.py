@@ -4,19 +4,21 @@ read_config(path, flag) takes a config.json or a folder holding one (a save_pret
 transformers config (AutoConfig.for_model(model_type, **fields)) of a decoder-only causal LM that
 AutoModelForCausalLM can build, or raises a one-line CourseError that names the flag, the file and the fix.
 Mixture-of-experts configs are refused: the course's formulas and sharding (one FSDP2 unit per decoder layer, the
-MLP's bytes from intermediate_size) describe dense decoders only.
+MLP's bytes from intermediate_size) describe dense decoders only. So are multimodal ones (AutoModelForCausalLM builds
+"gemma3" as Gemma3ForConditionalGeneration, a vision tower included), told by their config class's parts.
 """
 import json
 from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
-from transformers import AutoConfig
+from transformers import CONFIG_MAPPING, AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from common.errors import CourseError, one_line
 
 MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok",
               "moe_intermediate_size")  # any one set (not None or 0) marks a mixture of experts (transformers 5)
+MODALITIES = ("vision", "audio")  # a sub-config named for one, or a text_config: a text model is one part of several
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
@@ -33,6 +35,13 @@ def read_config(path, flag: str = "--model-config"):
     kind = fields.pop("model_type", None) if isinstance(fields, dict) else None
     if kind is None:
         raise CourseError(f'{flag} {path} has no "model_type": give a Hugging Face decoder\'s config.json')
+    parts = sorted(CONFIG_MAPPING[kind].sub_configs) if kind in CONFIG_MAPPING else []
+    other = [part for part in parts if part == "text_config" or any(word in part for word in MODALITIES)]
+    if other:  # before any weight is read: the folder's safetensors hold a vision or audio tower too
+        text = getattr(CONFIG_MAPPING[kind].sub_configs.get("text_config"), "model_type", None)
+        alone = f' (its text decoder alone: "model_type" {text!r})' * (text in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+        raise CourseError(f'{flag} {path}: "model_type" {kind!r} is a multimodal model ({", ".join(other)}): this '
+                          f'lesson builds text-only decoders; give a text-only config.json{alone}, e.g. "llama"')
     if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise CourseError(f'{flag} {path}: "model_type" {kind!r} is not one that AutoModelForCausalLM builds '
                           f'(looked for in transformers\' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES): give a decoder\'s '

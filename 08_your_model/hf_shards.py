@@ -5,10 +5,12 @@ build_model: AutoModelForCausalLM.from_config on meta (shapes, no memory), each 
   init_weights      transformers' own initialisation, one module at a time: a fresh model, the same on any rank count;
   load_pretrained   a save_pretrained folder: each rank reads only its own rows of each tensor (safetensors slices).
 Both leave the non-persistent buffers (RoPE's inv_freq) right: `to_empty` leaves them garbage, and no checkpoint
-stores them (transformers#34234), so they are computed again from the config.
+stores them (transformers#34234), so they are computed again from the config. load_pretrained names the stored
+tensors as from_pretrained does: the renames transformers registers for the class, and the stored tensors it skips.
 """
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from safetensors import safe_open
@@ -17,6 +19,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from transformers import AutoModelForCausalLM
+from transformers.conversion_mapping import get_model_conversion_mapping
+from transformers.core_model_loading import WeightConverter, WeightRenaming, dot_natural_key, rename_source_key
 
 from common.errors import CourseError
 
@@ -105,10 +109,10 @@ def init_weights(model, config, seed: int) -> None:
 
 
 @torch.no_grad()
-def fill_buffers(model, config) -> None:
+def fill_buffers(model, twin) -> None:
     """The non-persistent buffers (RoPE's inv_freq), which no checkpoint stores: computed again from the config by
-    transformers' own _init_weights, module by module, as from_pretrained does."""
-    twin, mine = meta_model(config), modules_by_name(model)
+    transformers' own _init_weights on the unsharded meta twin, module by module, as from_pretrained does."""
+    mine = modules_by_name(model)
     for name, full in twin.named_modules():
         if full._non_persistent_buffers_set:
             full.to_empty(device="cpu", recurse=False)
@@ -129,6 +133,37 @@ def stored_tensors(folder: Path) -> dict[str, Path]:
                       f"pass a folder written by save_pretrained (safetensors)")
 
 
+def names_in_the_model(twin, stored, folder: Path) -> dict[str, str]:
+    """The model's name for each stored tensor, as from_pretrained renames it (core_model_loading.py's
+    rename_source_key, with the same arguments, in its order): the renames transformers registers for the class
+    (conversion_mapping.py, e.g. GPT-NeoX's stored embed_out -> lm_head) and the base model's prefix added or dropped.
+    A tensor it merges or splits on load (a WeightConverter: fused q/k/v, experts) is refused: here rows are read
+    as they are stored."""
+    transforms = get_model_conversion_mapping(twin)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    expected, prefix, names = twin.state_dict(), twin.base_model_prefix, {}
+    for key in sorted(stored, key=dot_natural_key):
+        name, converted = rename_source_key(key, renamings, converters, prefix, expected)
+        if name not in expected and key in expected:  # as from_pretrained: the stored name was right, prefix aside
+            name, converted = rename_source_key(key, [], [], prefix, expected)
+        if converted is not None:
+            raise CourseError(f"--pretrained {folder}: {type(twin).__name__} converts {key} on load (transformers "
+                              f"merges or splits the tensors that match {converted!r}): this loader reads stored "
+                              f"rows as they are; give a model whose files hold its own tensors, e.g. llama, qwen2")
+        names[key] = name
+    return names
+
+
+def skipped_as_from_pretrained(twin, unexpected: set[str]) -> set[str]:
+    """The tensors not in the model that from_pretrained skips without a word: those matching the class's
+    _keys_to_ignore_on_load_unexpected patterns, and stale rotary_emb.inv_freq and position_ids buffers (its own
+    additions). Its own method decides (PreTrainedModel._adjust_missing_and_unexpected_keys, modeling_utils.py)."""
+    report = SimpleNamespace(missing_keys=set(), unexpected_keys=set(unexpected))
+    twin._adjust_missing_and_unexpected_keys(report)
+    return unexpected - report.unexpected_keys
+
+
 def my_rows(tensor: DTensor) -> slice:
     """The rows of the full tensor this rank holds: FSDP2 shards dim 0 as torch.chunk does, ceil(rows / N) each."""
     if tuple(tensor.placements) != (Shard(0),):
@@ -142,31 +177,40 @@ def my_rows(tensor: DTensor) -> slice:
 @torch.no_grad()
 def load_pretrained(model, config, folder) -> str:
     """Every rank reads its own rows of each tensor straight from the files (safetensors slices), into its shards.
-    No rank ever holds the whole model; a tied lm_head is its embedding, stored once. Returns what was read."""
+    No rank ever holds the whole model; a tied lm_head is its embedding, stored once. Returns what was read, and
+    what was renamed or skipped as from_pretrained renames or skips it."""
     folder, stored = Path(folder), stored_tensors(Path(folder))
+    twin = meta_model(config)  # unsharded, its own class: the renames and the skips from_pretrained finds for it
+    source = {name: key for key, name in names_in_the_model(twin, stored, folder).items()}  # model's -> the files'
     stored_names = {plain_name(name) for name in model.state_dict()}  # no non-persistent buffers, both tied names
     targets = {plain_name(n): t for n, t in [*model.named_parameters(), *model.named_buffers()]
                if plain_name(n) in stored_names}  # each tensor once: a tied lm_head.weight is the embedding's
     aliases = stored_names - targets.keys()  # lm_head.weight when tied: from_pretrained accepts it stored or not
-    missing = sorted(targets.keys() - stored.keys())
-    unexpected = sorted(stored.keys() - targets.keys() - aliases)
+    missing = sorted(targets.keys() - source.keys())
+    extra = source.keys() - targets.keys() - aliases
+    skip = skipped_as_from_pretrained(twin, extra)  # stale buffers of older conversions, e.g. each layer's inv_freq
+    skipped, unexpected = sorted(source[name] for name in skip), sorted(source[name] for name in extra - skip)
     if missing or unexpected:
         what = [f"{len(missing)} missing ({', '.join(missing[:3])})"] * bool(missing) + \
                [f"{len(unexpected)} not in the model ({', '.join(unexpected[:3])})"] * bool(unexpected)
         raise CourseError(f"--pretrained {folder}: its weights do not match its config.json: {'; '.join(what)}")
-    for file in sorted(set(stored[name] for name in targets)):
+    for file in sorted(set(stored[source[name]] for name in targets)):
         with safe_open(file, "pt") as f:  # memory-mapped: only the bytes sliced are read
-            for name in [n for n in targets if stored[n] == file]:
-                target, piece = targets[name], f.get_slice(name)
+            for name in [n for n in targets if stored[source[n]] == file]:
+                target, piece = targets[name], f.get_slice(source[name])
                 if tuple(piece.get_shape()) != tuple(target.shape):
-                    raise CourseError(f"--pretrained {folder}: {name} is {list(piece.get_shape())} in {file.name}, "
-                                      f"{list(target.shape)} in the model: its weights do not match its config.json")
+                    raise CourseError(f"--pretrained {folder}: {source[name]} is {list(piece.get_shape())} in "
+                                      f"{file.name}, {list(target.shape)} in the model: its weights do not match "
+                                      f"its config.json")
                 if isinstance(target, DTensor):
                     target, rows = target.to_local(), my_rows(target)  # my shard's storage, my rows of the file
                     if rows.stop > rows.start:
                         target.copy_(piece[rows.start:rows.stop])  # bf16 on disk -> the fp32 master shard
                 else:
                     target.copy_(piece[:])
-    fill_buffers(model, config)
+    fill_buffers(model, twin)
     files = len(set(stored.values()))
-    return f"{len(targets)} tensors from {files} safetensors file{'s' if files > 1 else ''}"
+    renamed = [f"{key} -> {name}" for name, key in source.items() if name != key and name in targets]
+    return f"{len(targets)} tensors from {files} safetensors file{'s' if files > 1 else ''}" + \
+        (f"; {len(renamed)} renamed as from_pretrained renames them ({', '.join(renamed[:2])})" if renamed else "") + \
+        (f"; {len(skipped)} skipped as from_pretrained skips them ({', '.join(skipped[:2])})" if skipped else "")

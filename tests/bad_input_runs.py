@@ -90,8 +90,9 @@ def make_artifacts(art: Path, data: str) -> None:
 
 def make_pretrained_folders(art: Path) -> None:
     """Lesson 08's --pretrained mistakes: a vision transformer's and BERT's config.json, a tiny Llama's folder
-    (save_pretrained) whose config.json then says 2 layers or another intermediate_size, a config.json alone."""
-    from transformers import BertConfig, LlamaConfig, LlamaForCausalLM, ViTConfig
+    (save_pretrained) whose config.json then says 2 layers or another intermediate_size, a config.json alone, Gemma
+    3's multimodal config.json beside a model.safetensors that is not one (refused before any weight is read)."""
+    from transformers import BertConfig, Gemma3Config, LlamaConfig, LlamaForCausalLM, ViTConfig
 
     ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
               intermediate_size=32).save_pretrained(art / "hf-vit")
@@ -104,6 +105,8 @@ def make_pretrained_folders(art: Path) -> None:
         path = art / name / "config.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
     config.save_pretrained(art / "hf-no-weights")
+    Gemma3Config().save_pretrained(art / "hf-gemma3")
+    (art / "hf-gemma3" / "model.safetensors").write_text("not a safetensors file: read_config stops before it\n")
 
 
 def _checkpoint_name(ctx: Context, lesson: str) -> str:

@@ -19,7 +19,8 @@ Every lesson script (02-07, and 01's download_mnist.py; hello_distributed.py and
 
 Lesson 08's digits_lm.py has a parser of its own (no base_parser): its rows (_digits_rows) cover every flag, numbers
 as above, choices, switches given a value, --model-config and --pretrained files and folders (missing, not a
-decoder, no weights, weights that do not match config.json: the last also under torchrun), --export, --resume.
+decoder, multimodal, no weights, weights that do not match config.json: the last also under torchrun), --export,
+--resume.
 
 Under torchrun with 2 ranks as well (TORCHRUN_ROWS, lessons 04-07 only: 02 and 03 make no process group)
 run only the mistakes where the ranks must agree: a failing rank (rank 0 cannot find the data while rank 1
@@ -379,6 +380,9 @@ def _digits_rows() -> list[Case]:
              (*base, "--pretrained", "{art}/hf-vit"), needles=("--pretrained {art}/hf-vit", '\'vit\'', '"llama"')),
         Case("08-pretrained-encoder", "08", "--pretrained a folder holding BERT's config.json (an encoder)",
              (*base, "--pretrained", "{art}/hf-bert"), needles=("--pretrained {art}/hf-bert", "'bert'", "decoder")),
+        Case("08-pretrained-multimodal", "08", "--pretrained a folder holding Gemma 3's config.json (multimodal)",
+             (*base, "--pretrained", "{art}/hf-gemma3"), needles=("--pretrained {art}/hf-gemma3",
+                                                                  "'gemma3' is a multimodal model", "'gemma3_text'")),
         Case("08-pretrained-no-weights", "08", "--pretrained a folder with config.json and no safetensors",
              (*base, "--pretrained", "{art}/hf-no-weights"), needles=("no model.safetensors", "save_pretrained")),
         Case("08-pretrained-fewer-layers", "08", "--pretrained: config.json says 2 layers, the weights hold 1",

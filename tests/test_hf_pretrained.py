@@ -1,7 +1,8 @@
 """Lesson 08's --pretrained (08_your_model/hf_shards.py): a save_pretrained folder read shard by shard into an FSDP2
 model, for Llama (untied, sharded over several files), Qwen2 (q/k/v biases, tied embeddings, stored in bf16) and
 Mistral, on 2 and 4 gloo ranks: the sharded model's float32 logits equal from_pretrained's (1e-5), RoPE's inv_freq
-computed again. Every checkpoint is written here by save_pretrained from a random model: nothing is downloaded."""
+computed again; GPT-NeoX's stored names renamed and older conversions' leftovers skipped, as from_pretrained does.
+Every checkpoint is written here by save_pretrained from a random model: nothing is downloaded."""
 import sys
 from pathlib import Path
 
@@ -22,11 +23,16 @@ MODELS = {  # model_type: (its own settings, save_pretrained's arguments)
     "mistral": ({"tie_word_embeddings": False}, {}),
 }
 INPUT = torch.arange(2 * 24).remainder(43).reshape(2, 24)
+STALE = {  # what older conversions stored beside the weights (per layer i); from_pretrained skips it without a word
+    "llama": ("model.layers.{i}.self_attn.rotary_emb.inv_freq",),  # transformers' rule for any rotary_emb buffer
+    "gpt_neox": ("gpt_neox.layers.{i}.attention.rotary_emb.inv_freq", "gpt_neox.layers.{i}.attention.bias",
+                 "gpt_neox.layers.{i}.attention.masked_bias"),  # Pythia's files; the last two: GPT-NeoX's own list
+}
 
 
 def config_of(kind: str, **changes):
     from transformers import CONFIG_MAPPING
-    return CONFIG_MAPPING[kind](**{**SHAPE, **MODELS[kind][0], **changes})
+    return CONFIG_MAPPING[kind](**{**SHAPE, **MODELS.get(kind, ({}, {}))[0], **changes})
 
 
 def write_checkpoint(kind: str, folder: Path, dtype=torch.float32):
@@ -37,7 +43,18 @@ def write_checkpoint(kind: str, folder: Path, dtype=torch.float32):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
-    model.to(dtype).save_pretrained(folder, **MODELS[kind][1])
+    model.to(dtype).save_pretrained(folder, **MODELS.get(kind, ({}, {}))[1])
+
+
+def rewrite_with(folder: Path, extra: dict) -> None:
+    """One model.safetensors holding the folder's tensors and `extra`, as an older conversion wrote it."""
+    from safetensors.torch import load_file, save_file
+    tensors = {}
+    for file in folder.glob("*.safetensors"):
+        tensors.update(load_file(file))
+        file.unlink()
+    (folder / "model.safetensors.index.json").unlink(missing_ok=True)
+    save_file({**tensors, **extra}, folder / "model.safetensors", metadata={"format": "pt"})
 
 
 def reference_logits(folder: Path) -> torch.Tensor:
@@ -81,6 +98,32 @@ def test_sharded_logits_equal_from_pretrained(kind, nprocs, tmp_path):
         assert (r["logits"] - expected).abs().max().item() < 1e-5, kind
         assert r["tied"] == (kind == "qwen2") and f"from {len(files)} safetensors file" in r["read"], r["read"]
     assert sum(r["local"] for r in results) == results[0]["total"]  # each rank holds its rows, none holds all
+
+
+@pytest.mark.parametrize("kind", list(STALE))
+def test_stored_names_are_renamed_and_skipped_as_from_pretrained_does(kind, tmp_path):
+    """Llama with each layer's stale inv_freq; GPT-NeoX as save_pretrained writes it (its lm_head stored as
+    embed_out, renamed back on load) with Pythia's leftovers. The note says what was renamed and skipped."""
+    write_checkpoint(kind, tmp_path)
+    stale = sorted(name.format(i=i) for name in STALE[kind] for i in range(2))
+    rewrite_with(tmp_path, {name: torch.zeros(3) for name in stale})
+    expected = reference_logits(tmp_path)
+    results = launch(sharded_worker, nprocs=2, args=(str(tmp_path),), timeout_s=240)
+    renamed = "; 1 renamed as from_pretrained renames them (embed_out.weight -> lm_head.weight)" * (kind == "gpt_neox")
+    for r in results:
+        assert (r["logits"] - expected).abs().max().item() < 1e-5, kind
+        assert r["read"].endswith(f"safetensors file{renamed}; {len(stale)} skipped as from_pretrained skips them "
+                                  f"({', '.join(stale[:2])})"), r["read"]
+
+
+def test_tensors_transformers_merges_or_splits_on_load_are_one_line(tmp_path):
+    """HRM-Text's files hold fused q/k/v and gate/up tensors that from_pretrained splits (a WeightConverter)."""
+    from hf_shards import load_pretrained, meta_model
+    write_checkpoint("hrm_text", tmp_path)
+    config = config_of("hrm_text")
+    with pytest.raises(CourseError, match=r"^--pretrained \S+: HrmTextForCausalLM converts model\.H_module\.layers"
+                                          r"\.0\.attn\.gqkv_proj\.weight on load \(transformers merges or splits"):
+        load_pretrained(meta_model(config).to_empty(device="cpu"), config, tmp_path)
 
 
 def test_the_decoder_layers_are_found_by_class_then_by_list():
