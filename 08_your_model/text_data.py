@@ -23,6 +23,7 @@ from common.log import progress_bar
 IGNORE = -100  # F.cross_entropy's default ignore_index: the padding block's targets add no loss and no count
 SUFFIXES = (".txt", ".jsonl")
 CHUNK_CHARS = 1_000_000  # characters per tokenizer call: the progress bar's step; a longer document is cut at lines
+JSONL = 'write one JSON object a line, e.g. {"text": "..."}'
 FORMAT = "text_data 1"  # part of the cache's hash: a change in how blocks are made invalidates old caches
 
 
@@ -56,11 +57,9 @@ def read_documents(path) -> list[str]:
         try:
             record = json.loads(line)
         except ValueError as exc:
-            raise CourseError(f"{path} line {number} is not JSON ({one_line(exc, 80)}): write one JSON object a "
-                              f"line, e.g. {{\"text\": \"...\"}}") from None
+            raise CourseError(f"{path} line {number} is not JSON ({one_line(exc, 80)}): {JSONL}") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise CourseError(f"{path} line {number} has no string \"text\" field: write one JSON object a line, "
-                              f"e.g. {{\"text\": \"...\"}}")
+            raise CourseError(f"{path} line {number} has no string \"text\" field: {JSONL}")
         documents.append(record["text"])
     return documents
 
@@ -109,21 +108,26 @@ def cache_key(paths, folder, tokenizer, seq_len: int) -> str:
     return digest.hexdigest()[:20]
 
 
+def pieces(document: str) -> list[str]:
+    """The document cut at the first line end after every CHUNK_CHARS characters ([""] for an empty one)."""
+    cuts = [0]
+    while cuts[-1] < len(document):
+        cuts.append(document.find("\n", cuts[-1] + CHUNK_CHARS) + 1 or len(document))
+    return [document[a:b] for a, b in zip(cuts, cuts[1:])] or [""]
+
+
 def chunks(documents: list[str]) -> Iterator[list[tuple[str, bool]]]:
-    """Lists of (piece, last piece of its document) of about CHUNK_CHARS characters. A document is cut at line ends
-    only when longer: a tokenizer may then split the first word of a piece differently than in one call."""
+    """Lists of (piece, whether it ends its document) of about CHUNK_CHARS characters, a tokenizer call each. A
+    tokenizer may split the first word of a document's later pieces unlike in one call."""
     chunk, size = [], 0
     for document in documents:
-        lines = document.splitlines(keepends=True) if len(document) > CHUNK_CHARS else [document]
-        piece = ""
-        for i, line in enumerate(lines):
-            piece += line
-            if len(piece) >= CHUNK_CHARS or i == len(lines) - 1:
-                chunk.append((piece, i == len(lines) - 1))
-                size, piece = size + len(piece), ""
-                if size >= CHUNK_CHARS:
-                    yield chunk
-                    chunk, size = [], 0
+        cut = pieces(document)
+        for i, piece in enumerate(cut):
+            chunk.append((piece, i == len(cut) - 1))
+            size += len(piece)
+            if size >= CHUNK_CHARS:
+                yield chunk
+                chunk, size = [], 0
     if chunk:
         yield chunk
 

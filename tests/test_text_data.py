@@ -178,3 +178,10 @@ def test_a_folder_without_a_tokenizer_or_its_eos_and_a_long_seq_len_are_one_line
         text_data.load_tokenizer(tmp_path)
     with pytest.raises(CourseError, match=r"--seq-len 300 is above the model's max_position_embeddings \(256\)"):
         text_data.check_seq_len(300, LlamaConfig(max_position_embeddings=256))
+
+
+@pytest.mark.parametrize("seq_len, val_fraction, message", [
+    (1, 0.2, r"^seq_len 1: at least 2"), (16, 1.0, r"^val_fraction 1.0: between 0 and 1")])
+def test_a_bad_seq_len_or_val_fraction_is_one_line(seq_len, val_fraction, message, folder, files, tmp_path):
+    with pytest.raises(CourseError, match=message):
+        text_data.text_blocks(files, folder, seq_len, val_fraction, tmp_path, True, None, 1)
