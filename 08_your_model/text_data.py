@@ -3,7 +3,7 @@ seq_len tokens, and a training sampler that gives every block to exactly one ran
 
 text_blocks() tokenizes on the main rank only (each document followed by the tokenizer's EOS), caches the blocks in
 a file named by a hash of the texts, the tokenizer's files and seq_len, and every rank reads that file after the
-barrier. The loop that trains on PaddedSampler's batches (see its docstring) must ignore the padding block's -100s.
+barrier. PaddedSampler's batches may hold a padding block of -100s: next_token_loss ignores it.
 """
 import hashlib
 import itertools
@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Iterator, Sized
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch.utils.data import Sampler, TensorDataset
 
 from common.distributed import get_rank, get_world_size
@@ -148,6 +150,19 @@ def tokenize(paths, tokenizer) -> tuple[torch.Tensor, int]:
     return torch.cat(parts), documents
 
 
+def next_token_loss(logits, tokens) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the loss to backward, this rank's loss sum, the global count of real targets) of logits [b, seq_len - 1, V]
+    from `tokens.clamp(min=0)[:, :-1]`. The sum ignores the padding's -100s; the count is all_reduced (a collective,
+    every step on every rank) and the loss is the sum x W / count, as FSDP2 averages gradients over the W ranks
+    (ReduceOp.AVG: torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): the gradient of the step's mean over
+    every rank's real targets. An all-padding batch adds 0 (a mean over its zero targets would be nan)."""
+    targets = tokens[:, 1:]
+    loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+    count = (targets != IGNORE).sum()
+    dist.all_reduce(count)  # every rank's real targets this step
+    return loss_sum * dist.get_world_size() / count, loss_sum.detach(), count
+
+
 class TrainBlocks(TensorDataset):
     """The training blocks, and one index more, len(self): PaddedSampler's padding, a block of IGNORE (-100)."""
 
@@ -206,12 +221,8 @@ def text_blocks(paths, folder, seq_len: int, val_fraction: float, cache_dir, is_
 class PaddedSampler(Sampler[int]):
     """Every training block exactly once per epoch, to one rank, and the same number of items on every rank (FSDP2
     runs each forward on all ranks): shuffled by (seed, epoch), rank r takes items r, r + W, ...; shards one short
-    get the padding index n, whose block (TrainBlocks) is all IGNORE. The loop must then
-      * feed `tokens.clamp(min=0)` as input_ids (the padding becomes token 0, whose predictions are all ignored),
-      * sum the loss over real targets: F.cross_entropy(logits, targets, ignore_index=-100, reduction="sum"),
-      * divide by the GLOBAL count of real targets: count = (targets != -100).sum(); dist.all_reduce(count),
-        times the world size, as FSDP2 averages gradients over ranks (ReduceOp.AVG): loss = sum * W / count.
-    An all-padding batch then adds 0 (a mean over its zero targets would be nan)."""
+    get the padding index n, whose block (TrainBlocks) is all IGNORE. The loop feeds `tokens.clamp(min=0)[:, :-1]`
+    as input_ids and takes its loss from next_token_loss, which ignores the padding's targets."""
 
     def __init__(self, data_source: Sized | int, num_replicas: int | None = None, rank: int | None = None,
                  seed: int = 0):

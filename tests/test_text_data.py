@@ -72,10 +72,17 @@ def test_a_second_run_reads_the_cache_and_a_changed_file_makes_a_new_one(folder,
     assert "(cached)" not in changed[2] and len(list((tmp_path / "cache").glob("text-*.pt"))) == 2
 
 
+def tiny_lm():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11))
+
+
 def three_ranks_worker(n: int, epochs: int, good: list, bad: list, folder: str, cache_dir: str) -> dict:
     """Rank r of 3: text_blocks on good then bad files; PaddedSampler's indices per epoch over n blocks, its batches
-    through a DataLoader, and the loop's sums."""
+    through a DataLoader into an FSDP2 model, next_token_loss's sums and the accumulated gradients."""
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
     from torch.utils.data import DataLoader
     dist.init_process_group("gloo")
     rank, calls = dist.get_rank(), []
@@ -89,20 +96,20 @@ def three_ranks_worker(n: int, epochs: int, good: list, bad: list, folder: str, 
     out["tokenized"] = len(calls)
     train = text_data.TrainBlocks(torch.arange(n * 8).remainder(11).view(n, 8))
     sampler = text_data.PaddedSampler(train, seed=3)
-    loader = DataLoader(train, batch_size=2, sampler=sampler)
-    table = torch.randn(11, 11, generator=torch.Generator().manual_seed(0))  # logits: a fixed function of the input
+    loader = DataLoader(train, batch_size=1, sampler=sampler)  # the last step of ranks 1 and 2: padding only
+    model = fully_shard(tiny_lm(), mesh=init_device_mesh("cpu", (3,)))
     out.update({"indices": [], "steps": [], "loss": 0.0, "count": 0})
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         out["indices"].append(list(sampler))
         out["steps"].append(0)
         for (tokens,) in loader:
-            logits, targets = table[tokens.clamp(min=0)[:, :-1]], tokens[:, 1:]
-            count = (targets != -100).sum()
-            dist.all_reduce(count)  # the global count of real targets this step
-            out["loss"] += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item()
+            loss, loss_sum, count = text_data.next_token_loss(model(tokens.clamp(min=0)[:, :-1]), tokens)
+            loss.backward()  # accumulated over every step: compared with one process's sum of step means
+            out["loss"] += loss_sum.item()
             out["count"] += count.item()
             out["steps"][-1] += 1
+    out["grads"] = [p.grad.full_tensor() for p in model.parameters()]  # a collective
     dist.destroy_process_group()
     return out
 
@@ -135,11 +142,17 @@ def test_every_block_once_per_epoch_on_three_ranks_with_equal_steps(three_ranks)
         assert [len(shard) for shard in shards] == [4, 4, 4] and sum(s.count(n) for s in shards) == 2
         assert len({r["steps"][epoch] for r in three_ranks}) == 1  # FSDP2: every rank the same number of forwards
     assert three_ranks[0]["indices"][0] != three_ranks[0]["indices"][1]  # a new order each epoch
-    blocks = torch.arange(n * 8).remainder(11).view(n, 8)
-    table = torch.randn(11, 11, generator=torch.Generator().manual_seed(0))
-    one_process = F.cross_entropy(table[blocks[:, :-1]].flatten(0, 1), blocks[:, 1:].flatten(), reduction="sum")
-    assert abs(sum(r["loss"] for r in three_ranks) - 2 * one_process.item()) < 1e-4 * one_process.item()  # pads: 0
+    blocks, model, total = torch.arange(n * 8).remainder(11).view(n, 8), tiny_lm(), 0.0
+    for epoch in range(2):  # one process: each step's blocks of every rank, the mean over their targets
+        for step in range(three_ranks[0]["steps"][epoch]):
+            chosen = [r["indices"][epoch][step] for r in three_ranks if r["indices"][epoch][step] != n]
+            logits, targets = model(blocks[chosen, :-1]), blocks[chosen, 1:]
+            F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+            total += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item()
+    assert abs(sum(r["loss"] for r in three_ranks) - total) < 1e-4 * total  # the padding adds no loss
     assert three_ranks[0]["count"] == 2 * n * 7  # all_reduced: every rank counts every real target
+    for sharded, p in zip(three_ranks[0]["grads"], model.parameters()):
+        assert (sharded - p.grad).abs().max().item() < 1e-5  # the loss x W / count under FSDP2's average
 
 
 def test_too_little_text_for_the_ranks_names_the_tokens_needed(folder, files, tmp_path):
