@@ -293,10 +293,14 @@ def main(argv=None):
             position.next_epoch()
             saver.save(checkpoints.path(position), checkpoint_state(model, optimizer, position, history, checkpoints))
         saver.wait()  # an async checkpoint still being written: finished and named before anything else
-    history.close()
-    if (args.export or args.draw) and not stop.request:
-        finish(model, config, args, device)
-    dist.destroy_process_group()
+        history.close()
+        # a collective (all_reduce): one more vote, so a request after the last one (in the last test or save) stops
+        # every rank or none: a rank that skipped finish() alone would leave the others waiting in its all-gathers
+        if stop.agreed(stop_group, now=True):
+            stop.report(position.epoch, position.step)  # the last epoch's checkpoint is on disk; said once
+        elif args.export or args.draw:
+            finish(model, config, args, device)  # collectives: FSDP's all-gathers in forward, the export's DCP save
+        dist.destroy_process_group()  # inside the `with`: a late SIGUSR1 is written down, not the end of the process
     return history.record
 
 
