@@ -4,8 +4,8 @@ An image is 197 tokens: its class (16 + digit), then its 14x14 pixels (digits_da
 Qwen2, Mistral, ...), built from configs/digits_lm.json on the meta device (no download), or from a save_pretrained
 folder (--pretrained, read shard by shard: hf_shards.py), learns p(pixels | digit): `fully_shard` per decoder layer,
 then the root; bf16 compute, fp32 gradient reduction (--dtype float32: all fp32). A DCP checkpoint every epoch
-(--async-checkpoint: written while training goes on) resumes on any number of ranks; --export: a from_pretrained
-folder that every rank writes its part of (hf_export.py); --draw: digits.png.
+(dcp_saver.py; --async-checkpoint: written while training goes on) resumes on any number of ranks; --export: a
+from_pretrained folder that every rank writes its part of (hf_export.py); --draw: digits.png.
 From the course folder:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 08_your_model/digits_lm.py \
         --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --export runs/08_digits_lm/hf --draw
@@ -13,7 +13,6 @@ From the course folder:
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
@@ -35,12 +34,13 @@ from common.distributed import init_timeout, launch_env, pick_device, restart_sa
 from common.download import default_data_dir
 from common.errors import CourseError, one_line
 from common.exits import run
-from common.files import atomic_save, creatable_folder, replace_folder, work_in_course_folder
+from common.files import atomic_save, creatable_folder, work_in_course_folder
 from common.history import History
 from common.log import log0, log_all
 from common.position import Position
 from common.samplers import EvalSampler
 from common.signals import StopSignals
+from dcp_saver import Saver
 from digits_data import LEVELS, PIXELS, draw, pixel_tokens
 from flops import multiplying_parameters, rates
 from hf_export import export
@@ -104,45 +104,6 @@ def checkpoint_state(model, optimizer, position, history, checkpoints) -> dict:
     return {"model": model_state, "optimizer": optimizer_state,
             "position": position.state_dict(),  # all_gather_object of every rank's random state
             "history": history.state_dict(), "run": checkpoints.run}
-
-
-class Saver:
-    """A DCP checkpoint per epoch: dcp.save (training waits for the files), or with --async-checkpoint dcp.async_save,
-    which copies the state to host memory and returns; a thread writes the files while training goes on. Either way
-    the files go to NAME.tmp, and only a finished checkpoint is renamed to its name: a crash leaves the previous one."""
-
-    def __init__(self, checkpoints, asynchronous: bool):
-        self.checkpoints, self.pending = checkpoints, None  # pending: (the future, its scratch folder, its name)
-        # async_save's messages travel on a gloo group of their own, off the training's (NCCL on GPUs; and gloo's
-        # collectives must not interleave with the writer thread's): DCP needs a CPU backend for async_save.
-        self.group = dist.new_group(backend="gloo") if asynchronous else None
-
-    def save(self, path: Path, state: dict) -> None:
-        self.wait()  # the previous checkpoint first: one write at a time, and its rename before the next save
-        scratch, start = path.with_name(path.name + ".tmp"), time.perf_counter()
-        if self.group is None:
-            dcp.save(state, checkpoint_id=scratch)  # every rank writes its shards; returns when all are on disk
-            self.pending = (None, scratch, path)
-            self.wait()
-        else:
-            future = dcp.async_save(state, checkpoint_id=scratch, process_group=self.group)  # staged: returns
-            self.pending = (future, scratch, path)
-        how = "dcp.async_save: written in the background" if self.group else "dcp.save"
-        log0(f"checkpoint {path.name}: training waited {time.perf_counter() - start:.3f} s ({how})")
-
-    def wait(self) -> None:
-        """Before the next save and before exit: the pending write finishes, then it gets its name."""
-        if self.pending is None:
-            return
-        future, scratch, path = self.pending
-        self.pending = None
-        if future is not None:
-            future.result()  # this rank's files, and rank 0's .metadata once every rank wrote: DCP's finish step
-        dist.barrier()  # every rank's shards are on disk
-        if dist.get_rank() == 0:
-            replace_folder(scratch, path)  # only a complete checkpoint gets the name
-        self.checkpoints.prune(path)
-        dist.barrier()
 
 
 def load_checkpoint(path, model, optimizer, position, history, checkpoints) -> None:
