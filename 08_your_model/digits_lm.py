@@ -4,8 +4,9 @@ An image is 197 tokens: its class (16 + digit), then its 14x14 pixels (digits_da
 Qwen2, Mistral, ...), built from configs/digits_lm.json on the meta device (no download), or from a save_pretrained
 folder (--pretrained, read shard by shard: hf_shards.py), learns p(pixels | digit): `fully_shard` per decoder layer,
 then the root; bf16 compute, fp32 gradient reduction (--dtype float32: all fp32). A DCP checkpoint every epoch
-(dcp_saver.py; --async-checkpoint: written while training goes on) resumes on any number of ranks; --export: a
-from_pretrained folder that every rank writes its part of (hf_export.py); --draw: digits.png.
+(dcp_saver.py; --async-checkpoint: written while training goes on) resumes on any number of ranks (one a stop saved
+within an epoch: on its own); --export: a from_pretrained folder that every rank writes its part of (hf_export.py);
+--draw: digits.png.
 From the course folder:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 08_your_model/digits_lm.py \
         --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --export runs/08_digits_lm/hf --draw
@@ -36,7 +37,7 @@ from common.errors import CourseError, one_line
 from common.exits import run
 from common.files import atomic_save, creatable_folder, work_in_course_folder
 from common.history import History
-from common.log import log0, log_all
+from common.log import log0, log_all, plural
 from common.position import Position
 from common.samplers import EvalSampler
 from common.signals import StopSignals
@@ -113,8 +114,13 @@ def load_checkpoint(path, model, optimizer, position, history, checkpoints) -> N
     except CheckpointException as exc:  # e.g. written with another --model-config: sizes or names differ
         raise CourseError(f"{path} does not fit this model ({one_line(str(exc).strip().splitlines()[-1], 200)}): "
                           f"resume with the --model-config it was trained with") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     position.load_state_dict(state["position"])
+    ranks = position.saved_ranks
+    if position.step and ranks != dist.get_world_size():  # the rest of its epoch was cut for that many ranks
+        raise CourseError(f"{path} stopped at step {position.step} of epoch {position.epoch} on "
+                          f"{plural(ranks, 'rank')}: finish that epoch on {ranks} (torchrun --nproc_per_node={ranks}); "
+                          f"a checkpoint between epochs (step 0) resumes on any number")
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     history.load_state_dict(state["history"], position.epoch)
 
 
@@ -160,7 +166,8 @@ def parse_args(argv):
     p.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
                    help="torch.compile each decoder layer (default: off; BACKEND: inductor, or aot_eager)")
     p.add_argument("--output-dir", default="runs/08_digits_lm", help="(default: runs/08_digits_lm)")
-    p.add_argument("--resume", help="'auto' or a checkpoint folder, written on any number of ranks")
+    p.add_argument("--resume", help="'auto' or a checkpoint folder, written on any number of ranks (one a stop "
+                                    "saved within an epoch: on this number)")
     p.add_argument("--keep-checkpoints", type=positive_int, default=2, help="(default: 2)")
     p.add_argument("--async-checkpoint", action="store_true",
                    help="dcp.async_save: training goes on while the checkpoint is written (default: dcp.save)")
