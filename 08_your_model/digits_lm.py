@@ -62,6 +62,21 @@ def read_config(path, flag: str):
     return config
 
 
+def what_it_learns(config, pretrained) -> str | None:
+    """Before training, for a --pretrained model or a vocabulary larger than the task's: what its token ids will mean
+    (digits_data.py). A text model's ids 0-25 stop meaning their text; its other ids are never trained on."""
+    used, vocab = LEVELS + 10, config.vocab_size
+    if not pretrained and vocab == used:
+        return None
+    ids = f"{LEVELS} gray levels, {LEVELS}-{used - 1} the digit classes"
+    if pretrained:
+        what = f"--pretrained {pretrained}: trained to draw MNIST digits, p(pixels | digit), whatever it learned " \
+               f"before: its token ids 0-{LEVELS - 1} become {ids}"
+    else:
+        what = f"the model learns to draw MNIST digits, p(pixels | digit): token ids 0-{LEVELS - 1} are {ids}"
+    return what + (f"; it uses {used} of its {vocab:,} token ids" if vocab > used else "")
+
+
 def next_pixel_logits(model, tokens):
     """For each of the 196 pixels, the logits from the tokens before it (the class first), in float32."""
     return model(input_ids=tokens[:, :-1], use_cache=False).logits.float()
@@ -234,6 +249,8 @@ def main(argv=None):
          f"{config.num_hidden_layers} layers, {parameters / 1e6:.2f} M parameters, each rank stores ~1/{world_size}, "
          f"{args.dtype} compute{', --ac' if args.ac else ''}{f', compiled ({args.compile})' if args.compile else ''}; "
          f"{len(test_ds)} test images = {len(test_ds) * PIXELS} pixel tokens")
+    if learns := what_it_learns(config, args.pretrained):
+        log0(learns)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")  # on the shards
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)  # also when a resumed run has nothing left to train
     position, history = Position(), History(args, LESSON, device)
