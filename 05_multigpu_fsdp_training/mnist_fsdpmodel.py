@@ -248,12 +248,16 @@ def main(argv=None):
             checkpoints.prune(path, best=history.best_epoch == epoch)  # the newest --keep-checkpoints, and best.pt
             if should_stop(history.rows, args.target_accuracy, args.patience):  # the target reached, or --patience
                 break
-    history.close()
-    if not stop.request:  # one plain file for inference: the full weights, gathered onto rank 0's CPU
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if rank == 0:
-            atomic_save(full, f"{args.output_dir}/model_full.pt")  # loads into a plain Net
-    dist.destroy_process_group()
+        history.close()
+        # a collective (all_reduce): one more vote, so a request after the last one (in the last test or save) stops
+        # every rank or none: a rank that skipped the gather alone would leave the others waiting in it
+        if stop.agreed(stop_group, now=True):
+            stop.report(position.epoch, position.step)  # the last epoch's checkpoint is saved; said once
+        else:  # one plain file for inference: the full weights, gathered onto rank 0's CPU (a collective: all-gathers)
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if rank == 0:
+                atomic_save(full, f"{args.output_dir}/model_full.pt")  # loads into a plain Net
+        dist.destroy_process_group()  # inside the `with`: a late SIGUSR1 is written down, not the end of the process
     return history.record  # the numbers of metrics.json, e.g. for a notebook
 
 

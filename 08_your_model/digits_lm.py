@@ -4,8 +4,9 @@ An image is 197 tokens: its class (16 + digit), then its 14x14 pixels (digits_da
 Qwen2, Mistral, ...), built from configs/digits_lm.json on the meta device (no download), or from a save_pretrained
 folder (--pretrained, read shard by shard: hf_shards.py), learns p(pixels | digit): `fully_shard` per decoder layer,
 then the root; bf16 compute, fp32 gradient reduction (--dtype float32: all fp32). A DCP checkpoint every epoch
-(--async-checkpoint: written while training goes on) resumes on any number of ranks; --export: a from_pretrained
-folder that every rank writes its part of (hf_export.py); --draw: digits.png.
+(dcp_saver.py; --async-checkpoint: written while training goes on) resumes on any number of ranks (one a stop saved
+within an epoch: on its own); --export: a from_pretrained folder that every rank writes its part of (hf_export.py);
+--draw: digits.png.
 From the course folder:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 08_your_model/digits_lm.py \
         --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --export runs/08_digits_lm/hf --draw
@@ -13,7 +14,6 @@ From the course folder:
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
@@ -35,12 +35,13 @@ from common.distributed import init_timeout, launch_env, pick_device, restart_sa
 from common.download import default_data_dir
 from common.errors import CourseError, one_line
 from common.exits import run
-from common.files import atomic_save, creatable_folder, replace_folder, work_in_course_folder
+from common.files import atomic_save, creatable_folder, work_in_course_folder
 from common.history import History
-from common.log import log0, log_all
+from common.log import log0, log_all, plural
 from common.position import Position
 from common.samplers import EvalSampler
 from common.signals import StopSignals
+from dcp_saver import Saver
 from digits_data import LEVELS, PIXELS, draw, pixel_tokens
 from flops import multiplying_parameters, rates
 from hf_export import export
@@ -59,6 +60,21 @@ def read_config(path, flag: str):
         raise CourseError(f"{flag} {path}: vocab_size {config.vocab_size} is too small for 16 gray levels "
                           f"and 10 classes: at least 26")
     return config
+
+
+def what_it_learns(config, pretrained) -> str | None:
+    """Before training, for a --pretrained model or a vocabulary larger than the task's: what its token ids will mean
+    (digits_data.py). A text model's ids 0-25 stop meaning their text; its other ids are never trained on."""
+    used, vocab = LEVELS + 10, config.vocab_size
+    if not pretrained and vocab == used:
+        return None
+    ids = f"{LEVELS} gray levels, {LEVELS}-{used - 1} the digit classes"
+    if pretrained:
+        what = f"--pretrained {pretrained}: trained to draw MNIST digits, p(pixels | digit), whatever it learned " \
+               f"before: its token ids 0-{LEVELS - 1} become {ids}"
+    else:
+        what = f"the model learns to draw MNIST digits, p(pixels | digit): token ids 0-{LEVELS - 1} are {ids}"
+    return what + (f"; it uses {used} of its {vocab:,} token ids" if vocab > used else "")
 
 
 def next_pixel_logits(model, tokens):
@@ -106,45 +122,6 @@ def checkpoint_state(model, optimizer, position, history, checkpoints) -> dict:
             "history": history.state_dict(), "run": checkpoints.run}
 
 
-class Saver:
-    """A DCP checkpoint per epoch: dcp.save (training waits for the files), or with --async-checkpoint dcp.async_save,
-    which copies the state to host memory and returns; a thread writes the files while training goes on. Either way
-    the files go to NAME.tmp, and only a finished checkpoint is renamed to its name: a crash leaves the previous one."""
-
-    def __init__(self, checkpoints, asynchronous: bool):
-        self.checkpoints, self.pending = checkpoints, None  # pending: (the future, its scratch folder, its name)
-        # async_save's messages travel on a gloo group of their own, off the training's (NCCL on GPUs; and gloo's
-        # collectives must not interleave with the writer thread's): DCP needs a CPU backend for async_save.
-        self.group = dist.new_group(backend="gloo") if asynchronous else None
-
-    def save(self, path: Path, state: dict) -> None:
-        self.wait()  # the previous checkpoint first: one write at a time, and its rename before the next save
-        scratch, start = path.with_name(path.name + ".tmp"), time.perf_counter()
-        if self.group is None:
-            dcp.save(state, checkpoint_id=scratch)  # every rank writes its shards; returns when all are on disk
-            self.pending = (None, scratch, path)
-            self.wait()
-        else:
-            future = dcp.async_save(state, checkpoint_id=scratch, process_group=self.group)  # staged: returns
-            self.pending = (future, scratch, path)
-        how = "dcp.async_save: written in the background" if self.group else "dcp.save"
-        log0(f"checkpoint {path.name}: training waited {time.perf_counter() - start:.3f} s ({how})")
-
-    def wait(self) -> None:
-        """Before the next save and before exit: the pending write finishes, then it gets its name."""
-        if self.pending is None:
-            return
-        future, scratch, path = self.pending
-        self.pending = None
-        if future is not None:
-            future.result()  # this rank's files, and rank 0's .metadata once every rank wrote: DCP's finish step
-        dist.barrier()  # every rank's shards are on disk
-        if dist.get_rank() == 0:
-            replace_folder(scratch, path)  # only a complete checkpoint gets the name
-        self.checkpoints.prune(path)
-        dist.barrier()
-
-
 def load_checkpoint(path, model, optimizer, position, history, checkpoints) -> None:
     state = checkpoint_state(model, optimizer, position, history, checkpoints)
     try:
@@ -152,8 +129,13 @@ def load_checkpoint(path, model, optimizer, position, history, checkpoints) -> N
     except CheckpointException as exc:  # e.g. written with another --model-config: sizes or names differ
         raise CourseError(f"{path} does not fit this model ({one_line(str(exc).strip().splitlines()[-1], 200)}): "
                           f"resume with the --model-config it was trained with") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     position.load_state_dict(state["position"])
+    ranks = position.saved_ranks
+    if position.step and ranks != dist.get_world_size():  # the rest of its epoch was cut for that many ranks
+        raise CourseError(f"{path} stopped at step {position.step} of epoch {position.epoch} on "
+                          f"{plural(ranks, 'rank')}: finish that epoch on {ranks} (torchrun --nproc_per_node={ranks}); "
+                          f"a checkpoint between epochs (step 0) resumes on any number")
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     history.load_state_dict(state["history"], position.epoch)
 
 
@@ -199,7 +181,8 @@ def parse_args(argv):
     p.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
                    help="torch.compile each decoder layer (default: off; BACKEND: inductor, or aot_eager)")
     p.add_argument("--output-dir", default="runs/08_digits_lm", help="(default: runs/08_digits_lm)")
-    p.add_argument("--resume", help="'auto' or a checkpoint folder, written on any number of ranks")
+    p.add_argument("--resume", help="'auto' or a checkpoint folder, written on any number of ranks (one a stop "
+                                    "saved within an epoch: on this number)")
     p.add_argument("--keep-checkpoints", type=positive_int, default=2, help="(default: 2)")
     p.add_argument("--async-checkpoint", action="store_true",
                    help="dcp.async_save: training goes on while the checkpoint is written (default: dcp.save)")
@@ -266,6 +249,8 @@ def main(argv=None):
          f"{config.num_hidden_layers} layers, {parameters / 1e6:.2f} M parameters, each rank stores ~1/{world_size}, "
          f"{args.dtype} compute{', --ac' if args.ac else ''}{f', compiled ({args.compile})' if args.compile else ''}; "
          f"{len(test_ds)} test images = {len(test_ds) * PIXELS} pixel tokens")
+    if learns := what_it_learns(config, args.pretrained):
+        log0(learns)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")  # on the shards
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)  # also when a resumed run has nothing left to train
     position, history = Position(), History(args, LESSON, device)
@@ -293,10 +278,14 @@ def main(argv=None):
             position.next_epoch()
             saver.save(checkpoints.path(position), checkpoint_state(model, optimizer, position, history, checkpoints))
         saver.wait()  # an async checkpoint still being written: finished and named before anything else
-    history.close()
-    if (args.export or args.draw) and not stop.request:
-        finish(model, config, args, device)
-    dist.destroy_process_group()
+        history.close()
+        # a collective (all_reduce): one more vote, so a request after the last one (in the last test or save) stops
+        # every rank or none: a rank that skipped finish() alone would leave the others waiting in its all-gathers
+        if stop.agreed(stop_group, now=True):
+            stop.report(position.epoch, position.step)  # the last epoch's checkpoint is on disk; said once
+        elif args.export or args.draw:
+            finish(model, config, args, device)  # collectives: FSDP's all-gathers in forward, the export's DCP save
+        dist.destroy_process_group()  # inside the `with`: a late SIGUSR1 is written down, not the end of the process
     return history.record
 
 

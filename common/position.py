@@ -3,7 +3,10 @@
 A checkpoint stores it so that a restarted run continues with the same batches and the same random numbers.
 It also hands out the epoch's batches (with the progress bar) and meter: both start where the epoch stopped.
 """
+import io
 import itertools
+
+import torch
 
 from common.errors import CourseError
 from common.log import progress_bar
@@ -25,6 +28,7 @@ class Position:
     def __init__(self, epoch: int = 1, step: int = 0):
         self.epoch, self.step = epoch, step  # the epoch to run next, and the optimizer steps already done in it
         self._meter, self._partial = None, {}  # the training sums of the epoch in progress
+        self.saved_ranks = None  # load_state_dict: how many ranks the checkpoint's run had
 
     def meter(self, device) -> EpochMeter:
         """The epoch's training-loss meter; a resumed epoch goes on with the sums it had when it stopped."""
@@ -49,4 +53,5 @@ class Position:
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.step = state["epoch"], state["step"]
+        self.saved_ranks = len(torch.load(io.BytesIO(state["rng"]), weights_only=True))  # one state per rank
         self._partial = restore_states(state["rng"])

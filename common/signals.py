@@ -28,6 +28,7 @@ class StopSignals:
         self.signals = signals
         self.request = 0  # the strongest request so far (REQUESTS); lessons 04-06 agree on it across ranks
         self.vote = None  # agreed(): the vote in flight (an async all_reduce and its tensor)
+        self.reported = False  # report() says it once, however often the lesson's votes agree
         self._first_ctrl_c = None
         self._saved: dict = {}
 
@@ -71,16 +72,20 @@ class StopSignals:
         return agreed > 0
 
     def report(self, epoch: int, step: int) -> None:
-        """After the checkpoint: say what happened and how to go on; for SIGUSR1 ask Slurm to requeue the job."""
-        if not is_main_process():
+        """After the checkpoint: say what happened and how to go on; for SIGUSR1 ask Slurm to requeue the job. Once:
+        a stop that an epoch's vote reported is agreed again by the vote after the loop. Step 0: before epoch
+        `epoch` began (a request after the last epoch's vote: its checkpoint is that epoch's)."""
+        if self.reported or not is_main_process():
             return
+        self.reported = True
         if self.request == REQUESTS[signal.SIGUSR1]:
             then = requeue_slurm_job()
         elif self.request == REQUESTS[signal.SIGTERM]:
             then = "not requeueing (Slurm decides after a SIGTERM); continue with --resume auto"
         else:
             then = "continue with the same command and --resume auto"
-        print(f"stopped by {NAMES[self.request]} at epoch {epoch} step {step}, checkpoint saved: {then}", flush=True)
+        where = f"at epoch {epoch} step {step}" if step else f"after epoch {epoch - 1}"
+        print(f"stopped by {NAMES[self.request]} {where}, checkpoint saved: {then}", flush=True)
 
 
 def requeue_slurm_job() -> str:

@@ -20,8 +20,8 @@ SLOW_FIRST = ["test_slurm_", "test_troubleshooting.py", "test_reference_walk.py"
               "test_fsdp_memory.py", "test_bad_inputs.py", "test_reliability.py", "test_notebooks.py",
               "test_interrupts.py", "test_early_stopping.py", "test_tensor_parallel.py", "test_pipeline.py",
               "test_notebook_06.py", "test_notebook_07.py", "test_port.py", "test_digits_lm.py",
-              "test_async_checkpoint.py", "test_interrupts_08.py", "test_notebook_08.py", "test_bench_llm.py",
-              "test_exercises_"]
+              "test_async_checkpoint.py", "test_interrupts_08.py", "test_late_stops.py", "test_notebook_08.py",
+              "test_bench_llm.py", "test_exercises_"]
 ONE_WORKER = {"test_bad_inputs.py", "test_early_stopping.py", "test_fsdp_memory.py", "test_interrupts.py",
               "test_predict.py", "test_troubleshooting.py", "test_port.py", "test_digits_lm.py",
               "test_will_it_fit.py", "test_async_checkpoint.py", "test_interrupts_08.py",

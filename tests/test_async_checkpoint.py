@@ -54,6 +54,18 @@ def test_async_save_returns_before_the_files_are_written(uninterrupted):
     assert names == ["ckpt-e0002-s0000000", "ckpt-e0003-s0000000"], names  # renamed once written, pruned to 2
 
 
+def test_a_save_that_waits_for_the_previous_write_counts_that_wait(synthetic_dir, tmp_path):
+    """Each write takes 6 s more, an epoch of 1 step far less: the second save must wait for the first write to end,
+    and training's printed wait counts that (at least half the 6 s) and says so; the first save found nothing."""
+    proc = subprocess.run(command(synthetic_dir, tmp_path, "--epochs", 2, "--max-steps", 1), capture_output=True,
+                          text=True, timeout=300, env=slow("delay:6"), cwd=ROOT)
+    assert_clean(proc)
+    saves = [line for line in proc.stdout.splitlines() if line.startswith("checkpoint ckpt-e")]
+    waited = [float(line.split("waited ")[1].split(" s")[0]) for line in saves]
+    assert len(saves) == 2 and waited[0] < 3.0 and "previous" not in saves[0], saves
+    assert waited[1] >= 3.0 and "s of it for the previous checkpoint, still being written)" in saves[1], saves
+
+
 def test_resume_from_an_async_checkpoint_is_exact(uninterrupted, synthetic_dir, tmp_path):
     """Checkpoint 2 was written while epoch 3 trained: its copy was staged first, so it holds epoch 2's weights."""
     _, out = uninterrupted

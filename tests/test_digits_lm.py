@@ -16,6 +16,8 @@ from lessons import assert_clean, metrics
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "08_your_model" / "digits_lm.py"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+LEARNS = ("trained to draw MNIST digits, p(pixels | digit), whatever it learned before: its token ids 0-15 become "
+          "16 gray levels, 16-25 the digit classes")
 TRAIN, TEST = 192, 51  # 51 test images in batches of 25: 2 on rank 0 (26 images), 1 and an empty forward on rank 1
 
 
@@ -184,10 +186,27 @@ def test_fine_tuning_from_the_export_starts_at_the_exported_models_loss(trained,
     assert_clean(proc)
     read = "each rank read its own rows of 29 tensors from 5 safetensors files"
     assert f"pretrained: {out / 'hf'}: {read}" in proc.stdout
+    assert f"--pretrained {out / 'hf'}: {LEARNS}" in proc.stdout.splitlines(), proc.stdout  # all 26 ids: no count
     before = next(line for line in proc.stdout.splitlines() if line.startswith("before training | test_loss "))
     trained_rows, continued = metrics(out / "run")["epochs"], metrics(tmp_path)["epochs"]
     assert float(before.split()[4]) == pytest.approx(trained_rows[-1]["test_loss"], abs=1e-4), before
     assert continued[0]["train_loss"] < trained_rows[0]["train_loss"] - 0.1, (continued, trained_rows)
+
+
+def test_a_text_models_vocabulary_is_said_to_become_pixels_before_training(synthetic_dir, tmp_path):
+    """A Qwen2 text model (its vocabulary of 151,936 ids, tiny otherwise) passed as --pretrained: before its first
+    step, one line says that it will learn MNIST and what its first 26 token ids will mean."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=151936, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, intermediate_size=32, tie_word_embeddings=True)
+                     ).save_pretrained(tmp_path / "qwen2")
+    proc = run("--data", "synthetic", "--data-dir", synthetic_dir, "--train-samples", 8, "--test-samples", 2,
+               "--batch-size", 2, "--test-batch-size", 1, "--dtype", "float32", "--dry-run", "--pretrained",
+               tmp_path / "qwen2", "--output-dir", tmp_path / "run", nproc=None)
+    assert_clean(proc)
+    lines = proc.stdout.splitlines()
+    said = f"--pretrained {tmp_path / 'qwen2'}: {LEARNS}; it uses 26 of its 151,936 token ids"
+    assert said in lines and lines.index(said) < lines.index(next(l for l in lines if l.startswith("before training")))
 
 
 def test_activation_checkpointing_and_compile_train_the_same_model(small, tmp_path):

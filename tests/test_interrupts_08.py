@@ -68,7 +68,8 @@ def test_ctrl_c_stops_every_rank_at_one_step_and_resumes_exactly(small, uninterr
 
 def test_sigusr1_on_one_rank_stops_both_and_resumes_exactly(small, uninterrupted, tmp_path):
     """Slurm's warning reaches rank 1 at step 5: both ranks stop at step 20 and save; outside Slurm the script says
-    to restart it; the resumed run ends as the uninterrupted one, and an --export is left for the finished run."""
+    to restart it. On 1 rank the rest of that epoch would not be the batches the 2 ranks left: refused, one line.
+    The resumed run on 2 ranks ends as the uninterrupted one, and an --export is left for the finished run."""
     stopped = run(*small, "--output-dir", tmp_path, "--export", tmp_path / "hf",
                   env={**INJECT, "FAIL_AT_STEP": "1:5:USR1"})
     assert_clean(stopped)
@@ -76,7 +77,15 @@ def test_sigusr1_on_one_rank_stops_both_and_resumes_exactly(small, uninterrupted
             "--resume auto") in stopped.stdout, stopped.stdout
     assert not (tmp_path / "hf").exists()  # a stopped run exports nothing
     assert checkpoints(tmp_path) == ["ckpt-e0000-s0000020"]
-    resumed = run(*small, "--output-dir", tmp_path, "--export", tmp_path / "hf", "--resume", "auto")
+    again = [*small, "--output-dir", tmp_path, "--export", tmp_path / "hf", "--resume", "auto"]
+    one_rank = subprocess.run([sys.executable, str(SCRIPT), *map(str, again)], capture_output=True, text=True,
+                              timeout=DEADLINE_S, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+                              cwd=ROOT)
+    assert one_rank.returncode == 2 and one_rank.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'checkpoints' / 'ckpt-e0000-s0000020'} stopped at step 20 of epoch 1 on 2 ranks: finish "
+        f"that epoch on 2 (torchrun --nproc_per_node=2); a checkpoint between epochs (step 0) resumes on any number"], \
+        one_rank.stdout + one_rank.stderr
+    resumed = run(*again)
     assert_clean(resumed)
     assert "continuing at epoch 1 step 20" in resumed.stdout, resumed.stdout
     same_numbers(metrics(tmp_path)["epochs"], uninterrupted)
