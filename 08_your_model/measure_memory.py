@@ -184,7 +184,7 @@ def main(argv=None):
     for strategy in strategies:
         found = measure(config, strategy, args, mesh, device)
         moment, guess = peak(estimate(config, shapes, buffers, strategy, dist.get_world_size(), 1, args.batch_size,
-                                      args.seq_len, args.dtype))
+                                      args.seq_len, args.dtype, nccl=device.type == "cuda"))
         estimated = sum(guess.values())
         measured_by = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "the tracker's peak"
         steps = "".join(f"; step {i + 1}: peak {p / GIB:.2f} GiB, {a / GIB:.2f} GiB at its loss"

@@ -32,10 +32,15 @@ The peak is the largest of these moments of the step; each category is that mome
   reduce      shards + all gradients + the root's gradients (e) + their fp32 reduce-scatter input and output
   step        shards + all gradients + foreach AdamW's temporary (one fp32 copy of the shards)
   ddp: everything whole on every GPU, the gradients too (they are the buckets, allocated with the model); instead of
-  W, autocast's bf16 copies of every Linear's weight and bias (a tied lm_head's too: the embedding cast for lm_head)
+  W, autocast's bf16 copies of every Linear's weight and bias (a tied lm_head's too: the embedding cast for lm_head);
+  on more than one GPU, the second step's forward and backward also hold the old buckets (4 bytes a parameter): DDP
+  rebuilds its buckets before that forward (torch's distributed.py: "It may allocate new buckets before deallocating
+  old buckets"); over NCCL the old ones were still allocated through that step, on one rank or both, and gone by
+  the third (measured on 2 H200s, torch 2.11.0+cu130, 2026-11-28; not seen on gloo)
 Checked against torch's memory trackers on CPU (08_your_model/measure_memory.py, tests/test_will_it_fit.py): ddp, fsdp2
-and fsdp2-ac within 2%, the total and each category, on one 4-layer Llama; fsdp2-tp follows the same rules, not
-measured. CPU autocast casts linear and SDPA to bf16 as CUDA's does; the ops it leaves alone that CUDA runs in fp32
+and fsdp2-ac within 2%, the total and each category, on one 4-layer Llama; on 2 H200s, max_memory_allocated of the
+fullest rank against the tensors: ddp 1.002 (TinyLlama-1.1B) and 1.004 (Qwen2-1.5B), fsdp2 1.004 for both, batch 2 x
+2048 (tests/test_will_it_fit.py keeps those rows); fsdp2-tp follows the same rules, not measured. CPU autocast casts linear and SDPA to bf16 as CUDA's does; the ops it leaves alone that CUDA runs in fp32
 (pow, rsqrt, log_softmax) get fp32 inputs here anyway: the ddp findings carry over.
 """
 import math
@@ -84,8 +89,9 @@ def pieces(name: str, shape: tuple, dp: int, tp: int) -> tuple[int, int]:
 
 
 def estimate(config, shapes: dict, buffers: int, strategy: str, gpus: int, tp: int, batch: int, seq: int,
-             dtype: str) -> dict:
-    """{moment: {category: bytes on the fullest GPU}} of one training step; the docstring's formula."""
+             dtype: str, nccl: bool = True) -> dict:
+    """{moment: {category: bytes on the fullest GPU}} of one training step; the docstring's formula. nccl=False:
+    without what only NCCL keeps (DDP's old buckets in its second step): for the CPU trackers on gloo."""
     tp = tp if strategy == "fsdp2-tp" else 1
     dp, e, ac = (1 if strategy == "ddp" else gpus // tp), (2 if dtype == "bfloat16" else 4), strategy == "fsdp2-ac"
     autocast = strategy == "ddp" and e == 2
@@ -112,11 +118,11 @@ def estimate(config, shapes: dict, buffers: int, strategy: str, gpus: int, tp: i
     loss = depth * saved + (r * h + 12 * vocab) * t
     if strategy == "ddp":  # gradients ARE the all-reduce buckets, allocated once; autocast's bf16 weight copies
         copies = 2 * linear if autocast else 0
-        state.update(gradients=grads, unsharded=0)
+        state.update(gradients=grads * (2 if nccl and gpus > 1 else 1), unsharded=0)  # + the old buckets (docstring)
         return {"loss": {**state, "gathered": copies, "activations": loss},
                 "final norm": {**state, "gathered": copies, "activations": depth * saved + (r + 20) * h * t},
                 "layer": {**state, "gathered": copies, "activations": depth * saved + in_flight},
-                "step": {**state, "gathered": 0, "activations": 0, "optimizer": 12 * shard}}
+                "step": {**state, "gradients": grads, "gathered": 0, "activations": 0, "optimizer": 12 * shard}}
     lm_head = vocab * h  # its gradient, unsharded, waits for the root's reduce-scatter at the end of backward
     moments = {"loss": {**state, "gradients": 0, "gathered": e * root, "unsharded": 0, "activations": loss},
                "final norm": {**state, "gradients": 0, "gathered": e * (root + layer), "unsharded": e * lm_head,

@@ -23,10 +23,9 @@ memory over the allocated tensors, RESERVED_OVER_ALLOCATED. The verdict: "fits" 
 RESERVED_OVER_ALLOCATED + CONTEXT_BYTES (the total printed) is at most the GPU, "tight" when only tensors +
 CONTEXT_BYTES is (it trains only if the allocator fragments less than measured), else "does not fit".
 The estimate against measured steps: ddp, fsdp2 and fsdp2-ac within 2% of torch's memory trackers on one CPU model
-(memory_formula.py). On GPUs, max_memory_allocated against it: fsdp2 and fsdp2-ac within 0.2% on 2 H200s (batch
-2 x 2048, 2026-11), within 2% on one H100 (docs/benchmarks.json's llm_fit rows); ddp +0.2% on that H100
-(TinyLlama-1.1B's shape, batch 4 x 2048), and on the 2 H200s +0.4% for Qwen2-1.5B's shape but +14% for
-TinyLlama-1.1B's: a part that the CPU does not show (measure_memory.py --device cuda prints each step's peak).
+(memory_formula.py). On GPUs, max_memory_allocated of the fullest rank against it: ddp 1.002 (TinyLlama-1.1B's shape)
+and 1.004 (Qwen2-1.5B's), fsdp2 1.004 for both, batch 2 x 2048 on 2 H200s (2026-11-28); fsdp2 and fsdp2-ac within 2%
+on one H100 (docs/benchmarks.json's llm_fit rows). measure_memory.py --device cuda prints each step's peak.
 Exit codes (for a job script: `python will_it_fit.py ... || exit`): 0 fits or tight, 3 does not fit, 2 bad input.
 """
 import dataclasses
