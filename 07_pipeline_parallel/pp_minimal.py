@@ -12,7 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # common, torch_floor
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` (its one-line errors)
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # this folder: torch_floor
 
 import torch
 import torch.distributed as dist
