@@ -100,17 +100,17 @@ def test_clip_grad_norm_is_the_norm_over_all_shards(nproc):
 
 
 def test_a_stop_on_text_resumes_as_the_uninterrupted_run_schedule_included(model_dir, pages, tmp_path):
-    """SIGUSR1 on rank 1 at step 3 of epoch 1 (async checkpoints, warm-up, cosine, clipping): --resume auto ends
-    with the same losses and the cosine's last learning rate, --min-lr."""
+    """SIGUSR1 on rank 1 at step 3 of epoch 1: the vote of step 10, read at step 20, stops both (async checkpoints,
+    warm-up, cosine, clipping); --resume auto ends with the same losses and the cosine's last learning rate."""
     flags = ["--data", "text", "--pretrained", model_dir, "--text", pages, *SMALL, "--warmup-steps", 4,
-             "--min-lr", 1e-4, "--clip-grad", 1, "--async-checkpoint"]
+             "--min-lr", 1e-4, "--clip-grad", 1, "--async-checkpoint", "--batch-size", 2]  # 31 steps an epoch
     assert_clean(run(*flags, "--output-dir", tmp_path / "whole", nproc=2))
     stopped = run(*flags, "--output-dir", tmp_path / "cut", nproc=2, env={**INJECT, "FAIL_AT_STEP": "1:3:USR1"})
     assert_clean(stopped)
-    assert "stopped by SIGUSR1 at epoch 1 step 10" in stopped.stdout, stopped.stdout
+    assert "stopped by SIGUSR1 at epoch 1 step 20" in stopped.stdout, stopped.stdout
     resumed = run(*flags, "--output-dir", tmp_path / "cut", "--resume", "auto", nproc=2)
     assert_clean(resumed)
-    assert "continuing at epoch 1 step 10" in resumed.stdout, resumed.stdout
+    assert "continuing at epoch 1 step 20" in resumed.stdout, resumed.stdout
     whole, cut = metrics(tmp_path / "whole")["epochs"], metrics(tmp_path / "cut")["epochs"]
     assert [r["epoch"] for r in cut] == [1, 2]
     for got, want in zip(cut, whole):
@@ -147,7 +147,7 @@ def test_bad_text_input_is_one_line(case, model_dir, pages, tmp_path):
     elif case == "seq-len":
         extra, needle = ["--seq-len", 257], "--seq-len 257 is above the model's max_position_embeddings (256)"
     elif case == "short":  # 4 ranks, blocks of 64: a few lines are fewer blocks than ranks
-        text, nproc = [bad_text(tmp_path, "short.txt", pages.read_text()[:2000])], 4
+        text, nproc = [bad_text(tmp_path, "short.txt", pages.read_text()[:600])], 4
         extra, needle = ["--seq-len", 64], "fewer than one per rank (4)"
     else:
         folder, needle = None, "--data text needs --pretrained (a folder with a tokenizer)"
