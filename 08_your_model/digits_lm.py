@@ -296,7 +296,7 @@ def main(argv=None):
             history.add(epoch, train_stats, tested, lr=lr,  # test_accuracy: the next pixel / token right
                         rates=rates(tokens_per_s, multiplying_parameters(model), config, tokens_per_item, device))
             if args.data == "text":
-                log0(perplexity_line(f"epoch {epoch}", tested))
+                log0(perplexity_line(f"after epoch {epoch}", tested))
             position.next_epoch()
             saver.save(checkpoints.path(position), checkpoint_state(model, optimizer, scheduler, position, history, checkpoints))
         saver.wait()  # an async checkpoint still being written: finished and named before anything else

@@ -52,7 +52,7 @@ def text_loss(model, tokens):
 
 
 def perplexity_line(label: str, stats: dict) -> str:
-    return f"{label} | validation loss {stats['loss']:.4f} | perplexity {math.exp(stats['loss']):.2f} " \
+    return f"{label}: validation loss {stats['loss']:.4f}, perplexity {math.exp(stats['loss']):.2f} " \
            f"({stats['count']} tokens)"
 
 

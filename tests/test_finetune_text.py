@@ -54,8 +54,8 @@ def pages(tmp_path_factory):
 
 
 def validation(stdout) -> dict[str, tuple[float, float, int]]:
-    """{'before training' / 'epoch N': (loss, perplexity, tokens)} from the lines rank 0 printed."""
-    found = re.findall(r"^(.+?) \| validation loss ([\d.]+) \| perplexity ([\d.]+) \((\d+) tokens\)$", stdout, re.M)
+    """{'before training' / 'after epoch N': (loss, perplexity, tokens)} from the lines rank 0 printed."""
+    found = re.findall(r"^(.+?): validation loss ([\d.]+), perplexity ([\d.]+) \((\d+) tokens\)$", stdout, re.M)
     return {label: (float(loss), float(ppl), int(n)) for label, loss, ppl, n in found}
 
 
@@ -71,11 +71,11 @@ def test_fine_tune_on_the_pages_exports_a_folder_that_generates_the_same(nproc, 
     tokens, blocks, train, val = map(int, summary[0])
     assert blocks == tokens // 64 and train + val == blocks
     losses = validation(proc.stdout)
-    assert list(losses) == ["before training", "epoch 1", "epoch 2"], proc.stdout
+    assert list(losses) == ["before training", "after epoch 1", "after epoch 2"], proc.stdout
     for loss, perplexity, count in losses.values():
         assert count == val * 63  # every validation block's 63 next tokens, counted once over the ranks
         assert perplexity == pytest.approx(math.exp(loss), rel=1e-3)
-    assert losses["epoch 2"][0] < losses["epoch 1"][0] < losses["before training"][0] - 0.3, losses
+    assert losses["after epoch 2"][0] < losses["after epoch 1"][0] < losses["before training"][0] - 0.3, losses
     check = [line for line in proc.stdout.splitlines() if line.startswith("export check:")]
     assert len(check) == 1 and "within 0.0001" in check[0] and "its greedy generate the same 16 tokens" in check[0]
     assert {"tokenizer.json", "generation_config.json", "config.json"} <= {p.name for p in export.iterdir()}
