@@ -50,3 +50,18 @@ def draw(model, temperature: float, seed: int, path: Path, device) -> None:
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     log0(f"drawn: {path} (one digit per class, temperature {temperature})")
+
+
+def what_it_learns(config, pretrained) -> str | None:
+    """Before training, for a --pretrained model or a vocabulary larger than the task's: what its token ids will mean
+    (pixel_tokens). A text model's ids 0-25 stop meaning their text; its other ids are never trained on."""
+    used, vocab = LEVELS + 10, config.vocab_size
+    if not pretrained and vocab == used:
+        return None
+    ids = f"{LEVELS} gray levels, {LEVELS}-{used - 1} the digit classes"
+    if pretrained:
+        what = f"--pretrained {pretrained}: trained to draw MNIST digits, p(pixels | digit), whatever it learned " \
+               f"before: its token ids 0-{LEVELS - 1} become {ids}"
+    else:
+        what = f"the model learns to draw MNIST digits, p(pixels | digit): token ids 0-{LEVELS - 1} are {ids}"
+    return what + (f"; it uses {used} of its {vocab:,} token ids" if vocab > used else "")

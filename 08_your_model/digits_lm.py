@@ -6,7 +6,9 @@ folder (--pretrained, read shard by shard: hf_shards.py), learns p(pixels | digi
 then the root; bf16 compute, fp32 gradient reduction (--dtype float32: all fp32). A DCP checkpoint every epoch
 (dcp_saver.py; --async-checkpoint: written while training goes on) resumes on any number of ranks (one a stop saved
 within an epoch: on its own); --export: a from_pretrained folder that every rank writes its part of (hf_export.py);
---draw: digits.png.
+--draw: digits.png. --data text fine-tunes a --pretrained model on your own text instead (finetune.py): blocks of
+--seq-len tokens, the validation loss and perplexity each epoch, --prompt's greedy continuation, an export that holds
+the tokenizer and checks itself. --warmup-steps/--min-lr and --clip-grad: schedule.py.
 From the course folder:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 08_your_model/digits_lm.py \
         --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --export runs/08_digits_lm/hf --draw
@@ -38,15 +40,17 @@ from common.exits import run
 from common.files import atomic_save, creatable_folder, work_in_course_folder
 from common.history import History
 from common.log import log0, log_all, plural
-from common.position import Position
+from common.position import Position, steps_per_epoch
 from common.samplers import EvalSampler
 from common.signals import StopSignals
 from dcp_saver import Saver
-from digits_data import LEVELS, PIXELS, draw, pixel_tokens
+from finetune import check_text_args, finish_text, perplexity_line, text_loaders, text_loss
+from digits_data import LEVELS, PIXELS, draw, pixel_tokens, what_it_learns
 from flops import multiplying_parameters, rates
 from hf_export import export
 from hf_config import read_config as read_decoder_config
 from hf_shards import build_model, init_weights, load_pretrained, stored_tensors
+from schedule import check_schedule_args, clip_gradients, make_scheduler
 
 LESSON = "08_your_model/digits_lm"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -62,39 +66,32 @@ def read_config(path, flag: str):
     return config
 
 
-def what_it_learns(config, pretrained) -> str | None:
-    """Before training, for a --pretrained model or a vocabulary larger than the task's: what its token ids will mean
-    (digits_data.py). A text model's ids 0-25 stop meaning their text; its other ids are never trained on."""
-    used, vocab = LEVELS + 10, config.vocab_size
-    if not pretrained and vocab == used:
-        return None
-    ids = f"{LEVELS} gray levels, {LEVELS}-{used - 1} the digit classes"
-    if pretrained:
-        what = f"--pretrained {pretrained}: trained to draw MNIST digits, p(pixels | digit), whatever it learned " \
-               f"before: its token ids 0-{LEVELS - 1} become {ids}"
-    else:
-        what = f"the model learns to draw MNIST digits, p(pixels | digit): token ids 0-{LEVELS - 1} are {ids}"
-    return what + (f"; it uses {used} of its {vocab:,} token ids" if vocab > used else "")
-
-
 def next_pixel_logits(model, tokens):
     """For each of the 196 pixels, the logits from the tokens before it (the class first), in float32."""
     return model(input_ids=tokens[:, :-1], use_cache=False).logits.float()
 
 
-def train(model, loader, optimizer, position, args, device, stop, stop_group) -> dict:
+def train(model, loader, optimizer, scheduler, position, args, device, stop, stop_group) -> dict:
     model.train()
     meter = position.meter(device)
     for (tokens,) in position.remaining(loader, args):  # up to --max-steps batches
         if position.step % 10 == 0 and stop.agreed(stop_group):  # every 10 steps, all ranks: a stop was requested
             break  # between two steps; the caller saves a checkpoint here
         tokens = tokens.to(device, non_blocking=True)
-        loss = F.cross_entropy(next_pixel_logits(model, tokens).flatten(0, 1), tokens[:, 1:].flatten())
+        if args.data == "text":  # a SUM over this rank's real next tokens (a padding block has none)
+            loss, loss_sum, count = text_loss(model, tokens)
+        else:
+            loss = F.cross_entropy(next_pixel_logits(model, tokens).flatten(0, 1), tokens[:, 1:].flatten())
+            loss_sum, count = loss.detach() * len(tokens), len(tokens)  # a SUM over images of the loss per pixel
         loss.backward()  # FSDP reduce-scatters each unit's gradients (fp32): every rank receives its shard's part
+        if args.clip_grad:
+            clip_gradients(model, args.clip_grad)  # the norm over every rank's shards (schedule.py)
         optimizer.step()  # each rank updates its own shards
         optimizer.zero_grad(set_to_none=True)
+        if scheduler:
+            scheduler.step()
         position.step += 1
-        meter.update(loss.detach() * len(tokens), 0, len(tokens))  # a SUM over images of the loss per pixel
+        meter.update(loss_sum, 0, count)
     return meter.all_reduce()  # every rank's sums added up (common.metrics): the epoch's exact mean
 
 
@@ -115,15 +112,16 @@ def test(model, loader, device) -> dict:
     return {"loss": loss / n, "accuracy": correct / n, "correct": int(correct), "count": int(n)}
 
 
-def checkpoint_state(model, optimizer, position, history, checkpoints) -> dict:
+def checkpoint_state(model, optimizer, scheduler, position, history, checkpoints) -> dict:
     model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, as DTensors: no copies
     return {"model": model_state, "optimizer": optimizer_state,
             "position": position.state_dict(),  # all_gather_object of every rank's random state
-            "history": history.state_dict(), "run": checkpoints.run}
+            "history": history.state_dict(), "run": checkpoints.run,
+            **({"scheduler": scheduler.state_dict()} if scheduler else {})}
 
 
-def load_checkpoint(path, model, optimizer, position, history, checkpoints) -> None:
-    state = checkpoint_state(model, optimizer, position, history, checkpoints)
+def load_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints) -> None:
+    state = checkpoint_state(model, optimizer, scheduler, position, history, checkpoints)
     try:
         dcp.load(state, checkpoint_id=path)  # the pieces THIS rank's shards need, whatever the ranks that wrote them
     except CheckpointException as exc:  # e.g. written with another --model-config: sizes or names differ
@@ -137,6 +135,8 @@ def load_checkpoint(path, model, optimizer, position, history, checkpoints) -> N
                           f"a checkpoint between epochs (step 0) resumes on any number")
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     history.load_state_dict(state["history"], position.epoch)
+    if scheduler:
+        scheduler.load_state_dict(state["scheduler"])
 
 
 def finish(model, config, args, device) -> None:
@@ -145,6 +145,8 @@ def finish(model, config, args, device) -> None:
     model.eval()
     with torch.no_grad():  # a fixed input through the trained model; every rank runs it: FSDP gathers inside forward
         logits = model(input_ids=check.to(device), use_cache=False).logits.float().cpu()
+    if args.data == "text":
+        return finish_text(model, config, args, device, export, DTYPES)
     if args.export:
         export(model, config, args.export, DTYPES[args.export_dtype])  # no rank gathers the model
         if dist.get_rank() == 0:
@@ -163,7 +165,13 @@ def parse_args(argv):
                    help="start from a save_pretrained folder (config.json + safetensors), read shard by shard")
     p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16",
                    help="FSDP2's compute dtype; gradients are reduced and weights kept in float32 (default: bfloat16)")
-    p.add_argument("--data", choices=["mnist", "synthetic"], default="mnist", help="(default: mnist)")
+    p.add_argument("--data", choices=["mnist", "synthetic", "text"], default="mnist",
+                   help="text: fine-tune the --pretrained model on --text files (default: mnist)")
+    p.add_argument("--text", nargs="+", metavar="FILE", help="--data text: .txt files, or .jsonl (\"text\" a line)")
+    p.add_argument("--seq-len", type=positive_int, default=128, help="--data text: tokens per block (default: 128)")
+    p.add_argument("--val-fraction", type=positive_float, default=0.1,
+                   help="--data text: the share of blocks held out for validation (default: 0.1)")
+    p.add_argument("--prompt", help="--data text: after training, print the greedy continuation of this text")
     p.add_argument("--data-dir", default=default_data_dir(),
                    help="folder holding MNIST/raw (default: $WORKSHOP_DATA_DIR or ./data)")
     p.add_argument("--train-samples", type=positive_int, help="the first N training images (default: all)")
@@ -172,6 +180,9 @@ def parse_args(argv):
     p.add_argument("--batch-size", type=positive_int, default=32, help="images per process and step (default: 32)")
     p.add_argument("--test-batch-size", type=positive_int, default=250, help="(default: 250)")
     p.add_argument("--lr", type=positive_float, default=3e-3, help="AdamW's learning rate (default: 3e-3)")
+    p.add_argument("--warmup-steps", type=count, default=0, help="linear warm-up over N steps (default: 0)")
+    p.add_argument("--min-lr", type=positive_float, help="cosine decay to it after the warm-up (default: none)")
+    p.add_argument("--clip-grad", type=positive_float, metavar="MAX", help="clip the gradients' norm (default: off)")
     p.add_argument("--seed", type=count, default=1, help="initial weights, shuffling, drawing (default: 1)")
     p.add_argument("--max-steps", type=positive_int, help="stop each epoch after N steps (default: no cap)")
     p.add_argument("--dry-run", action="store_true", help="smoke test: 1 epoch of 2 steps")
@@ -197,6 +208,7 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.dry_run:
         args.epochs, args.max_steps = 1, 2
+    check_schedule_args(args)
     if args.pretrained and args.model_config:
         raise CourseError("--pretrained and --model-config: pass one (a pretrained folder brings its config.json)")
     if args.export and (problem := creatable_folder(args.export)):
@@ -216,6 +228,7 @@ def main(argv=None):
         read_config(args.model_config or DEFAULT_CONFIG, "--model-config")
     if args.pretrained:
         stored_tensors(Path(args.pretrained))  # its safetensors are there (a look at the index or header)
+    check_text_args(args, config)
     checkpoints = CheckpointDir(args, LESSON, sharded=True)
     resume = checkpoints.resume_from(args.resume)
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables
@@ -228,13 +241,17 @@ def main(argv=None):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     log_all(f"host {socket.gethostname()} rank {rank}/{world_size} device {device} backend {dist.get_backend()}")
 
-    train_ds, _, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
-                                      seed=args.seed, is_main=rank == 0, barrier=dist.barrier)  # rank 0 prepares
-    train_ds, test_ds = pixel_tokens(train_ds), pixel_tokens(test_ds)
-    train_sampler = DistributedSampler(train_ds, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
-    train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=train_sampler,
-                              generator=torch.Generator())  # its own generator: the global random stream untouched
-    test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, sampler=EvalSampler(test_ds))
+    if args.data == "text":
+        train_loader, train_sampler, test_loader = text_loaders(args, rank, world_size)
+    else:
+        train_ds, _, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
+                                          seed=args.seed, is_main=rank == 0, barrier=dist.barrier)  # rank 0 prepares
+        train_ds, test_ds = pixel_tokens(train_ds), pixel_tokens(test_ds)
+        train_sampler = DistributedSampler(train_ds, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+        train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=train_sampler,
+                                  generator=torch.Generator())  # its own generator: the global random stream untouched
+        test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, sampler=EvalSampler(test_ds))
+    tokens_per_item = args.seq_len - 1 if args.data == "text" else PIXELS  # next tokens predicted per block/image
 
     mesh = init_device_mesh(device.type, (world_size,))  # 1-D: shard over all ranks
     model = build_model(config, mesh, DTYPES[args.dtype], ac=args.ac, compile_backend=args.compile)
@@ -247,43 +264,48 @@ def main(argv=None):
     parameters = sum(p.numel() for p in model.parameters())
     log0(f"digits_lm: {world_size} process{'es' if world_size > 1 else ''}, {config.model_type}, "
          f"{config.num_hidden_layers} layers, {parameters / 1e6:.2f} M parameters, each rank stores ~1/{world_size}, "
-         f"{args.dtype} compute{', --ac' if args.ac else ''}{f', compiled ({args.compile})' if args.compile else ''}; "
-         f"{len(test_ds)} test images = {len(test_ds) * PIXELS} pixel tokens")
-    if learns := what_it_learns(config, args.pretrained):
+         f"{args.dtype} compute{', --ac' if args.ac else ''}{f', compiled ({args.compile})' if args.compile else ''}"
+         + ("" if args.data == "text" else f"; {len(test_ds)} test images = {len(test_ds) * PIXELS} pixel tokens"))
+    if args.data != "text" and (learns := what_it_learns(config, args.pretrained)):
         log0(learns)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")  # on the shards
+    scheduler = make_scheduler(optimizer, args, steps_per_epoch(train_loader, args) * args.epochs)
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)  # also when a resumed run has nothing left to train
     position, history = Position(), History(args, LESSON, device)
     if resume:  # --resume: the sharded checkpoint, resharded onto this run's ranks
-        load_checkpoint(resume, model, optimizer, position, history, checkpoints)
+        load_checkpoint(resume, model, optimizer, scheduler, position, history, checkpoints)
     elif args.pretrained:  # the model as it arrives: the loss a fine-tuning run starts from
         before = test(model, test_loader, device)
-        log0(f"before training | test_loss {before['loss']:.4f} | test_accuracy {before['accuracy']:.4f} "
+        log0(perplexity_line("before training", before) if args.data == "text" else
+             f"before training | test_loss {before['loss']:.4f} | test_accuracy {before['accuracy']:.4f} "
              f"({before['correct']}/{before['count']})")
 
     saver, stop_group = Saver(checkpoints, args.async_checkpoint), dist.new_group(backend="gloo")  # stop votes: CPU
     with StopSignals(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as stop:  # Ctrl-C, Slurm's warning and its end
         for epoch in range(position.epoch, args.epochs + 1):
             train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-            train_stats = train(model, train_loader, optimizer, position, args, device, stop, stop_group)
+            train_stats = train(model, train_loader, optimizer, scheduler, position, args, device, stop, stop_group)
             if stop.agreed(stop_group, now=True):  # also a request after the epoch's last check: all ranks save here
-                state = checkpoint_state(model, optimizer, position, history, checkpoints)
+                state = checkpoint_state(model, optimizer, scheduler, position, history, checkpoints)
                 saver.save(checkpoints.path(position), state)
                 saver.wait()  # on disk and named before the report
                 stop.report(position.epoch, position.step)
                 break
-            tokens_per_s = train_stats["images_per_second"] * PIXELS
-            history.add(epoch, train_stats, test(model, test_loader, device), lr=args.lr,  # test_accuracy: next pixel
-                        rates=rates(tokens_per_s, multiplying_parameters(model), config, PIXELS, device))
+            tokens_per_s = train_stats["images_per_second"] * (1 if args.data == "text" else PIXELS)  # text: tokens
+            lr, tested = optimizer.param_groups[0]["lr"], test(model, test_loader, device)  # the next step's lr
+            history.add(epoch, train_stats, tested, lr=lr,  # test_accuracy: the next pixel / token right
+                        rates=rates(tokens_per_s, multiplying_parameters(model), config, tokens_per_item, device))
+            if args.data == "text":
+                log0(perplexity_line(f"after epoch {epoch}", tested))
             position.next_epoch()
-            saver.save(checkpoints.path(position), checkpoint_state(model, optimizer, position, history, checkpoints))
+            saver.save(checkpoints.path(position), checkpoint_state(model, optimizer, scheduler, position, history, checkpoints))
         saver.wait()  # an async checkpoint still being written: finished and named before anything else
         history.close()
         # a collective (all_reduce): one more vote, so a request after the last one (in the last test or save) stops
         # every rank or none: a rank that skipped finish() alone would leave the others waiting in its all-gathers
         if stop.agreed(stop_group, now=True):
             stop.report(position.epoch, position.step)  # the last epoch's checkpoint is on disk; said once
-        elif args.export or args.draw:
+        elif args.export or args.draw or args.prompt is not None:
             finish(model, config, args, device)  # collectives: FSDP's all-gathers in forward, the export's DCP save
         dist.destroy_process_group()  # inside the `with`: a late SIGUSR1 is written down, not the end of the process
     return history.record

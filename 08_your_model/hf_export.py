@@ -37,8 +37,9 @@ def file_of_each(model, names) -> dict[str, int]:
     return files
 
 
-def export(model, config, folder, dtype: torch.dtype) -> None:
-    """Every rank calls it. The folder appears, complete, only at the end (a crash leaves the previous one)."""
+def export(model, config, folder, dtype: torch.dtype, extras=None) -> None:
+    """Every rank calls it. The folder appears, complete, only at the end (a crash leaves the previous one).
+    extras(scratch): rank 0 writes more files into it (a tokenizer, a generation_config.json) before the rename."""
     folder = Path(folder)
     scratch = folder.with_name(folder.name + ".tmp")
     if dist.get_rank() == 0:
@@ -56,5 +57,7 @@ def export(model, config, folder, dtype: torch.dtype) -> None:
         config = type(config).from_dict(config.to_dict())  # a copy that says the files' dtype
         config.dtype = dtype
         config.save_pretrained(scratch)  # config.json
+        if extras:
+            extras(scratch)
         replace_folder(scratch, folder)
     dist.barrier()

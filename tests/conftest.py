@@ -25,7 +25,7 @@ SLOW_FIRST = ["test_slurm_", "test_troubleshooting.py", "test_reference_walk.py"
 ONE_WORKER = {"test_bad_inputs.py", "test_early_stopping.py", "test_fsdp_memory.py", "test_interrupts.py",
               "test_predict.py", "test_troubleshooting.py", "test_port.py", "test_digits_lm.py",
               "test_will_it_fit.py", "test_async_checkpoint.py", "test_interrupts_08.py",
-              "test_text_data.py"}
+              "test_text_data.py", "test_finetune_text.py"}
 
 
 def group(nodeid: str) -> str:
