@@ -157,3 +157,29 @@ def test_bad_text_input_is_one_line(case, model_dir, pages, tmp_path):
     errors = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], proc.stdout + proc.stderr[-2000:]
     assert "Traceback" not in proc.stdout and "Warning" not in proc.stdout + proc.stderr
+
+
+def test_an_export_that_is_not_the_trained_model_names_the_first_difference(model_dir, monkeypatch):
+    """generate.check_export against logits and tokens that the folder does not give: one line each, naming the
+    first differing prompt position, or the first differing new token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.syspath_prepend(str(ROOT / "08_your_model"))
+    from common.errors import CourseError
+    from generate import check_export
+
+    ids = torch.tensor([[5, 17, 42]])
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits.float()
+        tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                                do_sample=False)[0, 3:].tolist()
+    assert "the same 4 tokens" in check_export(model_dir, ids, logits, tokens, torch.float32, lossy=False)
+    moved = logits.clone()
+    moved[0, 1] += 1.0  # the second prompt position's logits, as a wrong export would give them
+    with pytest.raises(CourseError, match="first at prompt position 1: the export is not the trained model"):
+        check_export(model_dir, ids, moved, tokens, torch.float32, lossy=False)
+    other = tokens[:2] + [(tokens[2] + 1) % model.config.vocab_size] + tokens[3:]
+    with pytest.raises(CourseError, match=r"greedy generate differs from the sharded model's at new token 2 "):
+        check_export(model_dir, ids, logits, other, torch.float32, lossy=False)
