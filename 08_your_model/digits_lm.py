@@ -271,7 +271,7 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")  # on the shards
     scheduler = make_scheduler(optimizer, args, steps_per_epoch(train_loader, args) * args.epochs)
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)  # also when a resumed run has nothing left to train
-    position, history = Position(), History(args, LESSON, device)
+    position, history = Position(), History(args, LESSON, device, unit=None if args.data == "text" else "img")
     if resume:  # --resume: the sharded checkpoint, resharded onto this run's ranks
         load_checkpoint(resume, model, optimizer, scheduler, position, history, checkpoints)
     elif args.pretrained:  # the model as it arrives: the loss a fine-tuning run starts from

@@ -21,8 +21,9 @@ PLOT_EVERY_S = 30  # matplotlib takes ~1 s a figure (its import included): redra
 
 
 class History:
-    def __init__(self, args, lesson: str, device: torch.device, warmup_seconds: float = 0.0):
+    def __init__(self, args, lesson: str, device: torch.device, warmup_seconds: float = 0.0, unit: str | None = "img"):
         self.args, self.device, self.dir = args, device, Path(args.output_dir)
+        self.unit = unit  # the epoch line's "N img/s"; None: left to `rates` (lesson 08's text counts tokens)
         self.record = {
             "lesson": lesson, "world_size": get_world_size(),
             "backend": dist.get_backend() if dist.is_initialized() else None,
@@ -36,6 +37,9 @@ class History:
     @property
     def rows(self) -> list[dict]:
         return self.record["epochs"]
+
+    def _per_second(self, row: dict) -> str:
+        return f" | {row['train_images_per_second']:,.0f} {self.unit}/s" if self.unit else ""
 
     def add(self, epoch: int, train: dict, test: dict, val: dict | None = None, lr: float | None = None,
             rates: str = "") -> dict:
@@ -54,7 +58,7 @@ class History:
         val = f" | val_accuracy {row['val_accuracy']:.4f}" if "val_accuracy" in row else ""
         print(f"epoch {row['epoch']} | train_loss {row['train_loss']:.4f} | test_loss {row['test_loss']:.4f} | "
               f"test_accuracy {row['test_accuracy']:.4f} ({test['correct']}/{test['count']}){val} | "
-              f"{row['epoch_seconds']:.2f} s | {row['train_images_per_second']:,.0f} img/s{rates}", flush=True)
+              f"{row['epoch_seconds']:.2f} s{self._per_second(row)}{rates}", flush=True)
         if self.record["time_to_target_seconds"] is not None and not reached_before:
             print(f"target accuracy {self.args.target_accuracy} reached after "
                   f"{self.record['time_to_target_seconds']:.2f} s of training "
