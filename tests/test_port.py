@@ -27,6 +27,10 @@ from port_checks import (CHECKS, DDP_CHECKS, FAILS_WITH, FAKE_SLURM, FROM_FILE, 
                          small_bn_net, variant, wrong_half_of_the_test_labels)
 from walk import TOLERANCE
 
+# The module's runs (every port, variant and batch run, 2 at a time) are set up inside the first test that needs them:
+# 368 s at 7e4d32c under make test-slow beside another worker on this 2-core machine, over 600 s beside more load.
+pytestmark = pytest.mark.timeout(1500)
+
 # The global batch (checklist item "the global batch"): train.py at 64 a step, then the DDP port on 2 ranks with
 # train.py's flags (2 x 64: half the steps), with the same global batch (2 x 32), and with the learning rate scaled.
 BATCH = ["--epochs", "3", "--train-samples", "2048", "--device", "cpu"]
