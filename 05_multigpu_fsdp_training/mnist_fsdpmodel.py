@@ -1,10 +1,9 @@
 r"""Lesson 05: FSDP2 (fully_shard): each process keeps only a 1/N shard of weights, gradients and optimizer state.
 
-Each unit's full weights are all-gathered just before its forward and backward, then freed; gradients are
-reduce-scattered, so each rank updates only its shard. Checkpoints are sharded too (DCP). From the course folder:
+A unit's weights are all-gathered for its forward and backward, then freed; its gradients are reduce-scattered:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 05_multigpu_fsdp_training/mnist_fsdpmodel.py \
         --data synthetic --train-samples 2000 --test-samples 1000 --epochs 2 --num-workers 0 --output-dir runs/05-first
-A long run's extras (exact resume, signals, AMP, compile, metrics.json): trainer/README.md.
+Checkpoints are DCP folders, each rank writing its own shards. A long run's extras: trainer/README.md.
 """
 import sys
 import time
@@ -17,7 +16,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader, DistributedSampler
@@ -57,7 +55,7 @@ def main(argv=None):
     test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, sampler=EvalSampler(test_ds), **loader_options)
 
     model = Net().to(device)  # the same seed on every rank: the same weights, before each rank keeps its shard
-    mesh = init_device_mesh(device.type, (world_size,))  # 1-D: shard over all ranks
+    mesh = dist.init_device_mesh(device.type, (world_size,))  # 1-D: shard over all ranks
     for unit in [model.features, model.fc1, model.fc2, model]:  # the units, then the root (the rest)
         fully_shard(unit, mesh=mesh)  # a unit is all-gathered for its forward and backward, then freed again
     optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
@@ -106,10 +104,12 @@ def test(model, device, test_loader):
     loss_sum, correct, count = 0.0, 0, 0
     for data, target in test_loader:
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
-        output = model(data)
+        output = model(data)  # a collective: FSDP all-gathers each unit's weights
         loss_sum += F.nll_loss(output, target, reduction="sum").item()  # a SUM: the mean is exact
         correct += (output.argmax(dim=1) == target).sum().item()
         count += len(data)
+    for _ in range(test_loader.sampler.most_batches(test_loader.batch_size) - len(test_loader)):
+        model(torch.zeros(1, 1, 28, 28, device=device))  # a rank with fewer test batches joins the all-gathers
     totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
     dist.all_reduce(totals)  # a collective: every rank's sums added up, on every rank
     loss_sum, correct, count = totals.tolist()

@@ -1,4 +1,4 @@
-"""Every lesson script, run for real on CPU with gloo, on the synthetic MNIST files."""
+"""Every lesson script, run for real on CPU with gloo, on the synthetic MNIST files: what each prints and saves."""
 import re
 
 import pytest
@@ -6,12 +6,9 @@ import pytest
 import torch
 
 from common.model import Net
-from lessons import assert_clean, metrics, run_script
+from lessons import assert_clean, run_script
 
-FIELDS = {"lesson", "world_size", "backend", "device", "torch_version", "args", "epochs", "peak_memory_bytes",
-          "warmup_seconds", "time_to_target_seconds"}
-EPOCH_FIELDS = {"epoch", "train_loss", "test_loss", "test_accuracy", "test_samples", "epoch_seconds",
-                "train_images_per_second"}
+EPOCH = re.compile(r"^epoch (\d+): test loss ([\d.]+), accuracy (\d+)/(\d+), train [\d.]+ s$", re.M)
 
 
 @pytest.fixture(scope="module")
@@ -20,17 +17,9 @@ def small(synthetic_dir):
     return ["--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", "0"]
 
 
-def check_metrics(out_dir, lesson, world_size, test_samples, min_accuracy=0.2):
-    m = metrics(out_dir)
-    assert FIELDS <= m.keys() and m["lesson"] == lesson and m["world_size"] == world_size
-    assert m["device"] == "cpu" and m["peak_memory_bytes"] is None
-    for row in m["epochs"]:
-        assert EPOCH_FIELDS <= row.keys()
-        assert row["test_samples"] == test_samples  # every test example counted exactly once
-        assert row["train_images_per_second"] > 0
-    assert m["epochs"][-1]["test_accuracy"] > min_accuracy  # above chance (0.1) after training
-    assert (out_dir / "curves.png").stat().st_size > 1000
-    return m
+def epochs(proc) -> list[tuple]:
+    """(epoch, test loss, correct, count) of each epoch line."""
+    return [(int(e), float(loss), int(c), int(n)) for e, loss, c, n in EPOCH.findall(proc.stdout)]
 
 
 def test_hello_distributed_under_torchrun():
@@ -40,53 +29,60 @@ def test_hello_distributed_under_torchrun():
     assert sorted(re.findall(r"rank \d of 3", proc.stdout)) == ["rank 0 of 3", "rank 1 of 3", "rank 2 of 3"]
 
 
-def test_02_single_process(small, tmp_path):
+def test_02_trains_saves_each_epoch_and_resumes(small, tmp_path):
     proc = run_script("02", *small, "--train-samples", 1000, "--test-samples", 333, "--epochs", 2,
                       "--output-dir", tmp_path)
     assert_clean(proc)
-    m = check_metrics(tmp_path, "02_singlegpu_training", 1, 333)
-    assert [r["epoch"] for r in m["epochs"]] == [1, 2] and m["backend"] is None
-    assert proc.stdout.count("epoch ") >= 2 and "test_accuracy" in proc.stdout
-    ckpt = torch.load(tmp_path / "checkpoints" / "ckpt-e0002-s0000000.pt", weights_only=True)
+    rows = epochs(proc)
+    assert [(e, n) for e, _, _, n in rows] == [(1, 333), (2, 333)] and rows[-1][2] / 333 > 0.2  # above chance (0.1)
+    ckpt = torch.load(tmp_path / "checkpoints" / "02-epoch-002.pt", weights_only=True)
     Net().load_state_dict(ckpt["model"])  # plain keys: loads into a plain Net
-    assert ckpt["position"]["epoch"] == 3 and ckpt["optimizer"]["state"] and ckpt["scheduler"]
+    assert ckpt["epoch"] == 2 and ckpt["optimizer"]["state"] and ckpt["scheduler"]["last_epoch"] == 2
+    again = run_script("02", *small, "--train-samples", 1000, "--test-samples", 333, "--epochs", 2,
+                       "--output-dir", tmp_path)  # the same folder without --resume: refused, nothing touched
+    assert again.returncode == 2 and "holds checkpoints of an earlier run: continue it with --resume auto" in again.stderr
+    more = run_script("02", *small, "--train-samples", 1000, "--test-samples", 333, "--epochs", 3,
+                      "--output-dir", tmp_path, "--resume", "auto")
+    assert_clean(more)
+    assert "resumed from" in more.stdout and [e for e, *_ in epochs(more)] == [3]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["02-epoch-002.pt", "02-epoch-003.pt"]
 
 
-
-def test_03_dataparallel_on_cpu_says_it_does_nothing(small, tmp_path):
+def test_03_dataparallel_on_cpu(small, tmp_path):
     proc = run_script("03", *small, "--train-samples", 640, "--test-samples", 200, "--epochs", 1,
                       "--output-dir", tmp_path)
     assert_clean(proc)
-    assert "DataParallel needs 2+ GPUs and does nothing on cpu" in proc.stdout
-    check_metrics(tmp_path, "03_dp_training", 1, 200, min_accuracy=0.1)
+    assert "nn.DataParallel over 0 GPU(s)" in proc.stdout and [n for *_, n in epochs(proc)] == [200]
+    Net().load_state_dict(torch.load(tmp_path / "checkpoints" / "03-epoch-001.pt", weights_only=True)["model"])
 
 
-# 3 ranks, 7 test images in batches of 2: shards of 3, 2 and 2 images, so 2, 1 and 1 batches (2 ranks: test_reliability)
-@pytest.mark.parametrize("nproc", [3])
-def test_04_ddp_under_torchrun(small, tmp_path, nproc):
+# 3 ranks, 7 test images in batches of 2: shards of 3, 2 and 2 images, so 2, 1 and 1 batches.
+def test_04_ddp_under_torchrun(small, tmp_path):
     proc = run_script("04", *small, "--train-samples", 1200, "--test-samples", 7, "--test-batch-size", 2,
-                      "--epochs", 1, "--output-dir", tmp_path, nproc=nproc)
+                      "--epochs", 1, "--output-dir", tmp_path, nproc=3)
     assert_clean(proc)
-    m = check_metrics(tmp_path, "04_ddp_training", nproc, 7)
-    assert m["backend"] == "gloo"
-    assert all(f"rank {r}/{nproc}" in proc.stdout for r in range(nproc))
-    ckpt = torch.load(tmp_path / "checkpoints" / "ckpt-e0001-s0000000.pt", weights_only=True)
-    Net().load_state_dict(ckpt["model"])  # saved from model.module: no "module." prefixes
-    assert proc.stdout.count("epoch 1 |") == 1  # only rank 0 prints the epoch line
+    assert sorted(re.findall(r"rank (\d) of 3 on cpu, 400 of 1200", proc.stdout)) == ["0", "1", "2"]
+    assert [(e, n) for e, _, _, n in epochs(proc)] == [(1, 7)]  # every test image once; only rank 0 prints
+    Net().load_state_dict(torch.load(tmp_path / "checkpoints" / "04-epoch-001.pt", weights_only=True)["model"])
 
 
-
-@pytest.mark.parametrize("nproc", [3])
-def test_05_fsdp_under_torchrun(small, tmp_path, nproc):
+def test_05_fsdp_joins_uneven_test_shards_writes_dcp_and_resumes(small, tmp_path):
     """FSDP all-gathers inside forward: the ranks with one test batch fewer must still join the last one (no hang)."""
-    proc = run_script("05", *small, "--train-samples", 1200, "--test-samples", 7, "--test-batch-size", 2,
-                      "--val-samples", 100, "--epochs", 1, "--output-dir", tmp_path, nproc=nproc,
-                      env={"DIST_TIMEOUT_SECONDS": "60"})
+    flags = [*small, "--train-samples", 1200, "--test-samples", 7, "--test-batch-size", 2, "--output-dir", tmp_path]
+    proc = run_script("05", *flags, "--epochs", 1, nproc=3, env={"DIST_TIMEOUT_SECONDS": "60"})
     assert_clean(proc)
-    check_metrics(tmp_path, "05_multigpu_fsdp_training", nproc, 7)
-    assert metrics(tmp_path)["epochs"][0]["val_samples"] == 100
-    assert (tmp_path / "best" / ".metadata").is_file()  # the best epoch's DCP checkpoint
-    folder = tmp_path / "checkpoints" / "ckpt-e0001-s0000000"
-    assert (folder / ".metadata").is_file()
-    assert len(list(folder.glob("*.distcp"))) == nproc  # each rank wrote its shard
-    Net().load_state_dict(torch.load(tmp_path / "model_full.pt", weights_only=True))  # the export is a plain Net
+    assert [(e, n) for e, _, _, n in epochs(proc)] == [(1, 7)]
+    folder = tmp_path / "checkpoints" / "05-epoch-001"
+    assert (folder / ".metadata").is_file() and len(list(folder.glob("*.distcp"))) == 3  # each rank its shards
+    more = run_script("05", *flags, "--epochs", 2, "--resume", "auto", nproc=2, env={"DIST_TIMEOUT_SECONDS": "60"})
+    assert_clean(more)  # resharded: 3 ranks' shards read by 2
+    assert [e for e, *_ in epochs(more)] == [2] and (tmp_path / "checkpoints" / "05-epoch-002" / ".metadata").is_file()
+
+
+def test_05_trains_the_same_model_as_04(small, tmp_path):
+    """FSDP2 shards what DDP replicates; the arithmetic is the same up to float rounding (2 ranks, measured equal
+    to 4 digits on this machine's CPU: the tolerance is 1e-3 on the loss, 1 image on the count)."""
+    flags = [*small, "--train-samples", 1000, "--test-samples", 500, "--epochs", 1]
+    rows = [epochs(run_script(lesson, *flags, "--output-dir", tmp_path / lesson, nproc=2))[0] for lesson in ("04", "05")]
+    (_, loss04, right04, _), (_, loss05, right05, _) = rows
+    assert abs(loss04 - loss05) < 1e-3 and abs(right04 - right05) <= 1, rows
