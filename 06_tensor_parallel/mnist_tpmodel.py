@@ -150,7 +150,7 @@ class MLP(nn.Module):
 
 
 class TPNet(Net):
-    """Lesson 05's Net (fc2 after fc1 and its blocks) with MLPs as its blocks: the parameter-heavy part TP cuts."""
+    """Lesson 05's Net (fc2 after fc1 and its blocks) with MLPs as its blocks: the parameter-heavy part."""
 
     def __init__(self, blocks: int = 0, hidden: int = 128):
         super().__init__(hidden=hidden)
