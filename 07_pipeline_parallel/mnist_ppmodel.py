@@ -1,313 +1,183 @@
-r"""Lesson 07: pipeline parallelism (PP): the model cut into stages on the ranks of a pipeline (processes / --dp
-of them), each batch cut into --microbatches that flow through them, FSDP2 across --dp pipelines: a 2-D mesh.
+r"""Lesson 07: pipeline parallelism (PP): the model cut into stages, one per rank of a pipeline (processes / --dp),
+each batch cut into --microbatches that flow through them; FSDP2 across --dp pipelines: a 2-D mesh. Torch >= 2.10.
 
 Stage 0 holds the features, fc1 and the first blocks; the last stage the other blocks, fc2 and the loss. A stage
-sends its activations to the next one and gets their gradients back (point-to-point, no collective); the schedule
-(--pp-schedule) orders the micro-batches' forwards and backwards, and the ranks idle while the pipeline fills and
-drains: the bubble. The ranks of a pipeline read the SAME batch. From the course folder:
+sends its activations to the next one and gets their gradients back (point-to-point send and recv); the schedule
+(--pp-schedule) orders the micro-batches' forwards and backwards; the ranks idle while the pipeline fills and drains.
+From the course folder:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 07_pipeline_parallel/mnist_ppmodel.py \
-        --pp-schedule 1f1b --data synthetic --train-samples 6000 --test-samples 500 --epochs 2 --num-workers 0 \
-        --lr 0.5
+        --data synthetic --train-samples 2000 --test-samples 1000 --epochs 2 --num-workers 0 --output-dir runs/07-first
+A long run's extras (exact resume, signals, AMP, compile, metrics.json): trainer/README.md.
 """
-import signal
-import socket
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # stages.py, also when this file is imported from elsewhere
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # this folder: stages.py, torch_floor.py
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                          ScheduleInterleavedZeroBubble)
-from torch.distributed.tensor import DTensor
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.optim.lr_scheduler import StepLR
+from torch.utils.data import DataLoader, DistributedSampler
 
-from common.amp import autocast_dtype
-from common.checkpoints import CheckpointDir
-from common.cli import base_parser, parse, positive_int
-from common.config import save_config
+from common.cli import lesson_parser
 from common.data import load_mnist
-from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
-from common.early_stopping import should_stop
-from common.errors import CourseError
+from common.distributed import launch_env, pick_device
+from common.epoch_checkpoints import EpochCheckpoints
 from common.exits import run
-from common.files import atomic_save, replace_folder, work_in_course_folder
-from common.history import History
-from common.loaders import DeviceLoader, loader_options
-from common.log import log0, log_all, plural
-from common.metrics import EpochMeter
-from common.model import Net, count_parameters, model_flags
-from common.optim import make_optimizer, make_scheduler
-from common.position import Position, steps_per_epoch
+from common.model import Net
 from common.samplers import EvalSampler
-from common.signals import StopSignals
-from stages import Stage, check_resume, init_weights, replicas, stage_blocks
+from stages import Stage, stage_blocks
 from torch_floor import require_torch_2_10
 
-LESSON = "07_pipeline_parallel"
-# name: (schedule, stages per rank). With 2 per rank, pp-rank r holds stages r and r + pp (the "loop" placement).
-# ScheduleZBVZeroBubble (a V: stages r and 2 pp - 1 - r) trains too, but its eval() fails in torch 2.14.1.
-SCHEDULES = {"gpipe": (ScheduleGPipe, 1), "1f1b": (Schedule1F1B, 1), "interleaved": (ScheduleInterleaved1F1B, 2),
-             "zb": (ScheduleInterleavedZeroBubble, 2)}
-FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # the checkpoint's optimizer state: keys per parameter
-
-
-def build(args, mesh, device, amp_dtype=None, mp_policy=MixedPrecisionPolicy()):
-    """This rank's stages (PipelineStage's submodules) and `model`: all its layers in one module, for the optimizer and
-    the checkpoint. Built on the meta device: no rank ever holds the whole model."""
-    pp, pp_rank, per_rank = mesh.size(0), mesh.get_local_rank("pp"), SCHEDULES[args.pp_schedule][1]
-    ids, count = [pp_rank, pp_rank + pp][:per_rank], pp * per_rank  # this rank's stages, and all of them
-    with torch.device("meta"):
-        net = Net(**model_flags(args))
-    total = count_parameters(net)  # shapes only: every stage's
-    ranges = stage_blocks(args.blocks, count)
-    if any(len(r) == 0 for r in ranges[1:-1]):  # a middle stage holds blocks only
-        raise CourseError(f"--blocks {args.blocks} leaves a middle stage of {count} empty: use --blocks {count - 1} "
-                          f"or more (or fewer processes)")
-    stages = [Stage(net, ranges[s], s == 0, s == count - 1, amp_dtype) for s in ids]
-    model = Stage(net, [b for s in ids for b in ranges[s]], 0 in ids, count - 1 in ids)  # the same modules, all
-    if mesh.size(1) > 1:  # FSDP2 over "dp" on each stage: its units, then the stage (its root)
-        for stage in stages:
-            for unit in stage.units():  # gathered once per step, not once per micro-batch (reference.md)
-                fully_shard(unit, mesh=mesh["dp"], mp_policy=mp_policy, reshard_after_forward=False)
-            fully_shard(stage, mesh=mesh["dp"], mp_policy=mp_policy)  # the schedule runs FSDP's post-backward
-    model.to_empty(device=device)  # this rank's layers (its shards of them under FSDP2), allocated, not initialised
-    init_weights(model, args)
-    for stage in stages if args.compile else []:
-        stage.compile(backend=args.compile)  # torch.compile in place, after fully_shard
-    return stages, ids, count, model, total
-
-
-def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The mean loss of ONE micro-batch, computed by the schedule on the last stage."""
-    return F.nll_loss(output.float(), target)
-
-
-def make_schedule(args, stages, ids, count, group, device, training: bool):
-    """The schedule over this rank's PipelineStages. step() divides each gradient by --microbatches at its end
-    (scale_grads=True): the micro-batches' MEAN losses give the batch's mean, as one process computes it.
-    A PipelineStage learns the shapes it sends and receives from its first micro-batch: evaluation's differ, so
-    it gets PipelineStages (the same modules) and a schedule of its own."""
-    schedule, per_rank = SCHEDULES[args.pp_schedule]
-    pipe = [PipelineStage(stage, s, count, device, group=group) for stage, s in zip(stages, ids)]
-    try:
-        return schedule(pipe[0] if per_rank == 1 else pipe, args.microbatches, loss_fn=loss_fn if training else None)
-    except ValueError as e:  # e.g. interleaved 1F1B: --microbatches a multiple of its rounds
-        raise CourseError(f"--pp-schedule {args.pp_schedule} --microbatches {args.microbatches}: {e}") from None
-
-
-def clip_grad_norm(parameters, max_norm: float, device) -> torch.Tensor:
-    """clip_grad_norm_ over the pipeline: each rank's stages (and FSDP2 shards) are disjoint, ONE all-reduce."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    squares = sum(((g.to_local() if isinstance(g, DTensor) else g).float().square().sum() for g in grads),
-                  torch.zeros((), device=device))  # a rank may hold no gradient at all
-    dist.all_reduce(squares)  # the sum over every rank: the squared norm of the whole model's gradient
-    total = squares.sqrt()
-    torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total)  # the same scale on every rank
-    return total
-
-
-def train(args, model, schedule, device, train_loader, optimizer, scheduler, position, stop, stop_group, first, last):
-    """One epoch, from position.step on. Leaves early, between two steps, when a stop was requested."""
-    model.train()
-    meter = position.meter(device)  # the epoch's training loss; a resumed epoch continues its own sums
-    for data, target in position.remaining(train_loader, args):  # a resumed epoch skips its steps
-        # a collective (all_reduce): every rank calls it
-        if position.step % 10 == 0 and stop.agreed(stop_group):  # every 10 steps
-            break  # between two optimizer steps; the caller saves a checkpoint here
-        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
-        losses = []  # the last stage's loss of each micro-batch
-        # The whole step: forwards and backwards of every micro-batch in the schedule's order, sends and receives.
-        # Stage 0 gets the images, the last stage the labels; a rank with neither waits for its neighbours.
-        schedule.step(*[data] * first, target=target if last else None, losses=losses, return_outputs=False)
-        if args.clip_grad:  # the norm of ALL gradients: every stage's (above)
-            clip_grad_norm(model.parameters(), args.clip_grad, device)
-        optimizer.step()
-        scheduler.step()  # the learning rate schedule advances once per optimizer step
-        optimizer.zero_grad(set_to_none=True)
-        position.step += 1
-        if last:  # once per pipeline: the last stage has the losses (equal micro-batches: their mean is the batch's)
-            meter.update(torch.stack(losses).detach().mean() * len(data), 0, len(data))  # a SUM, so the mean is exact
-    return meter.all_reduce()
-
-
-@torch.no_grad()
-def test(args, model, schedule, device, test_loader, first, last):
-    model.eval()
-    meter = EpochMeter(device)
-    for data, target in test_loader:
-        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
-        pad = args.test_batch_size - len(data)  # the stages' shapes are fixed: zeros fill a smaller batch...
-        output = schedule.eval(*[F.pad(data, (0, 0, 0, 0, 0, 0, 0, pad))] * first)
-        if last:  # ...and only the real images count
-            loss_sum = F.nll_loss(output[:len(data)].float(), target, reduction="sum")
-            meter.update(loss_sum, (output[:len(data)].argmax(dim=1) == target).sum(), len(data))
-    for _ in range(test_loader.sampler.most_batches(test_loader.batch_size) - len(test_loader)):  # FSDP gathers
-        schedule.eval(*[torch.zeros(args.test_batch_size, 1, 28, 28, device=device)] * first)  # INSIDE forward
-    return meter.all_reduce()  # all_reduce (SUM): the last stages' numbers reach every rank
-
-
-def make_loader(args, dataset, batch_size, sampler, device):
-    """Batches of the sampler's indices: a DataLoader, or with --data-on-device slices of tensors on the GPU."""
-    if args.data_on_device:
-        return DeviceLoader(dataset, batch_size, sampler, device)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **loader_options(args, device))
-
-
-def checkpoint_state(model, optimizer, scheduler, position, history, checkpoints):
-    """Everything needed to continue: weights, optimizer and schedule state, and how far training got."""
-    # Under Net's names, and (flatten) the optimizer's param groups too: the stages hold different layers, and DCP
-    # writes a key that several ranks have ONCE (param_groups.0.params would be one rank's list of names).
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=FLAT)  # FSDP2: the shards again
-    return {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
-            "position": position.state_dict(),  # a collective (all_gather_object): every rank's random state
-            "history": history.state_dict(), "run": checkpoints.run, "dp": replicas(model)}
-
-
-def save_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints):
-    # With DCP every rank writes its own stages (its shards of them under FSDP2), in parallel, into one folder.
-    scratch = path.with_name(path.name + ".tmp")
-    dcp.save(checkpoint_state(model, optimizer, scheduler, position, history, checkpoints), checkpoint_id=scratch)
-    dist.barrier()  # every rank's stages are on disk
-    if dist.get_rank() == 0:
-        replace_folder(scratch, path)  # only a complete checkpoint gets the name (an older one of it goes)
-    dist.barrier()
-
-
-def load_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints):
-    # DCP reads what THIS rank's stages need, by name: another --pp-schedule, --dp or number of stages loads too.
-    checkpoint = checkpoint_state(model, optimizer, scheduler, position, history, checkpoints)
-    dcp.load(checkpoint, checkpoint_id=path)  # in place, into the tensors of `checkpoint`
-    check_resume(path, checkpoint, model)  # mid-epoch: the same --dp
-    set_state_dict(model, optimizer, model_state_dict=checkpoint["model"], optim_state_dict=checkpoint["optimizer"],
-                   options=FLAT)
-    scheduler.load_state_dict(checkpoint["scheduler"])
-    position.load_state_dict(checkpoint["position"])
-    history.load_state_dict(checkpoint["history"], position.epoch)
+LESSON = "07"
+# The stages hold different layers: optimizer state by parameter name, not in param_groups (DCP keeps ONE rank's)
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def main(argv=None):
-    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
-    parser = base_parser(LESSON, "Lesson 07: MNIST with pipeline parallelism (x FSDP2: a 2-D mesh)")
-    parser.add_argument("--pp-schedule", choices=list(SCHEDULES), default="1f1b",  # --schedule: the learning rate's
-                        help="the pipeline schedule: gpipe, 1f1b, interleaved (1F1B, 2 stages per rank), zb "
-                             "(interleaved zero bubble, 2 stages per rank) (default: 1f1b)")
-    parser.add_argument("--microbatches", type=positive_int, default=4,
-                        help="micro-batches per batch: they fill the pipeline (default: 4)")
-    parser.add_argument("--dp", type=positive_int, default=1,
-                        help="data-parallel degree (FSDP2 across pipelines); stages = processes / dp (default: 1)")
-    parser.set_defaults(blocks=4)  # Net's parameter-heavy head: layers to cut into stages
-    args = parse(parser, argv)
-    for flag, size in (("--batch-size", args.batch_size), ("--test-batch-size", args.test_batch_size)):
-        if size % args.microbatches:  # the schedule cuts each batch into equal micro-batches
-            parser.error(f"argument --microbatches: {args.microbatches} does not divide {flag} {size}: pick a "
-                         f"divisor, or a {flag} that is a multiple of {args.microbatches}")
-    if args.grad_accum > 1:  # step() scales ALL gradients, an earlier step's too: no accumulation over steps
-        parser.error("argument --grad-accum: a pipeline accumulates its micro-batches already: use --microbatches")
-    require_torch_2_10()
-    checkpoints = CheckpointDir(args, LESSON, sharded=True)
+    parser = lesson_parser(LESSON, "Lesson 07: MNIST with pipeline parallelism (x FSDP2: a 2-D mesh)")
+    parser.add_argument("--dp", type=int, default=1, help="pipelines (FSDP2 across them): stages = processes / dp")
+    parser.add_argument("--pp-schedule", choices=["gpipe", "1f1b"], default="1f1b", help="gpipe: all forwards, then "
+                        "all backwards; 1f1b: a backward as soon as it can run, fewer activations (default: 1f1b)")
+    parser.add_argument("--microbatches", type=int, default=4, help="micro-batches per batch (default: 4)")
+    parser.add_argument("--blocks", type=int, default=4, help="MLP blocks, the layers the stages split (default: 4)")
+    parser.add_argument("--hidden", type=int, default=128, help="width of fc1 and the blocks (default: 128)")
+    args = parser.parse_args(argv)
+    if args.blocks < 0 or args.hidden < 1 or args.dp < 1 or args.microbatches < 1:
+        parser.error("need --blocks >= 0, --hidden >= 1, --dp >= 1 and --microbatches >= 1")
+    if args.batch_size % args.microbatches or args.test_batch_size % args.microbatches:  # equal micro-batches
+        parser.error(f"--microbatches {args.microbatches} must divide --batch-size and --test-batch-size")
+    require_torch_2_10()  # torch 2.9's pipeline stages fail over gloo (torch_floor.py)
+    checkpoints = EpochCheckpoints(args.output_dir, LESSON, sharded=True)  # DCP folders
     resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables
-    if env.world_size % args.dp or env.world_size // args.dp < 2:  # plain python is ONE process: no pipeline
-        raise CourseError(f"--dp {args.dp} on {env.world_size} process{'es' * (env.world_size > 1)} leaves no pipeline "
-                          f"of 2 stages or more: start 2 x dp processes (torchrun --nproc_per_node={2 * args.dp})")
+    pp = env.world_size // args.dp  # the stages of a pipeline
+    if env.world_size % args.dp or pp < 2:  # plain python is ONE process: no pipeline
+        parser.error(f"--dp {args.dp} on {env.world_size} process(es) leaves no pipeline of 2 stages or more: "
+                     f"start 2 x dp processes (torchrun --nproc_per_node={2 * args.dp})")
+    if pp > 2 and args.blocks < pp - 1:  # a middle stage holds blocks only
+        parser.error(f"--blocks {args.blocks} leaves a middle stage of {pp} empty: use --blocks {pp - 1} or more")
     device = pick_device(args.device, env)  # cuda:LOCAL_RANK: the GPU is chosen by the rank WITHIN the node
     if device.type == "cuda":
         torch.cuda.set_device(device)  # this process uses this GPU, and only this one
-        torch.backends.cudnn.benchmark = True  # fixed input shapes: cuDNN times its convolutions once
-        torch.backends.cuda.matmul.fp32_precision = "tf32"  # float32 matmuls on TF32 tensor cores
     dist.init_process_group(backend=dist.get_default_backend_for_device(device),  # nccl for cuda, gloo for cpu
-                            timeout=init_timeout(), rank=env.rank, world_size=env.world_size,  # at MASTER_ADDR:PORT
-                            store=restart_safe_store(env), device_id=device if device.type == "cuda" else None)
-    rank, world_size = dist.get_rank(), dist.get_world_size()  # rank 0 of world_size does the writing
-    stop_group = dist.new_group(backend="gloo")  # a CPU side channel for stop.agreed, next to the GPUs' NCCL
-    log_all(f"host {socket.gethostname()} rank {rank}/{world_size} local_rank {env.local_rank} "
-            f"device {device} backend {dist.get_backend()}")
-    torch.manual_seed(args.seed)  # the same seed on every rank: identical initial weights
+                            device_id=device if device.type == "cuda" else None)  # meet at MASTER_ADDR:MASTER_PORT
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)  # on every rank: the same weights before each stage keeps its layers
 
-    train_ds, val_ds, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
-                                           args.val_samples, seed=args.seed,  # the same split on every rank
-                                           is_main=rank == 0, barrier=dist.barrier)  # rank 0 downloads, the rest wait
+    train_ds, _, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
+                                      is_main=rank == 0, barrier=dist.barrier)  # rank 0 downloads, the rest wait
     # The mesh: rows are the stages of a pipeline, columns the data-parallel replicas of a stage (inside a node).
-    mesh = init_device_mesh(device.type, (world_size // args.dp, args.dp), mesh_dim_names=("pp", "dp"))
-    pp, dp, dp_rank = mesh.size(0), mesh.size(1), mesh.get_local_rank("dp")
-    full_batches = len(train_ds) // (dp * args.batch_size)  # the stages' shapes are fixed: no smaller last batch
-    if not full_batches:
-        raise CourseError(f"--batch-size {args.batch_size} on {plural(dp, 'pipeline')} needs {dp * args.batch_size} "
-                          f"training images, there are {len(train_ds)}: more --train-samples or a smaller --batch-size")
-    train_ds = Subset(train_ds, range(full_batches * dp * args.batch_size))  # the same few images left out each epoch
-    # Shard by DATA-PARALLEL rank: the stages of a pipeline must see the same batch.
+    mesh = init_device_mesh(device.type, (pp, args.dp), mesh_dim_names=("pp", "dp"))
+    pp_rank, dp, dp_rank = mesh.get_local_rank("pp"), args.dp, mesh.get_local_rank("dp")
+    # Shard by DATA-PARALLEL rank: the stages of a pipeline must see the same batch, and only full ones (drop_last).
     train_sampler = DistributedSampler(train_ds, num_replicas=dp, rank=dp_rank, shuffle=True, seed=args.seed)
-    train_loader = make_loader(args, train_ds, args.batch_size, train_sampler, device)
-    # EvalSampler: every image on exactly one pipeline (DistributedSampler would pad with duplicates); sums over ranks.
-    val_loader = make_loader(args, val_ds, args.test_batch_size, EvalSampler(val_ds, dp, dp_rank), device) \
-        if val_ds else None
-    test_loader = make_loader(args, test_ds, args.test_batch_size, EvalSampler(test_ds, dp, dp_rank), device)
+    loader_options = {"num_workers": args.num_workers, "pin_memory": device.type == "cuda"}
+    train_loader = DataLoader(train_ds, args.batch_size, sampler=train_sampler, drop_last=True, **loader_options)
+    # Each test image on exactly one pipeline (its stages see the same images): test() sums over the pipelines.
+    test_sampler = EvalSampler(test_ds, num_replicas=dp, rank=dp_rank)
+    test_loader = DataLoader(test_ds, batch_size=args.test_batch_size, sampler=test_sampler, **loader_options)
 
-    amp_dtype = autocast_dtype(args.amp, device)  # --amp: bfloat16 where the device has it natively, else float16
-    if amp_dtype == torch.float16:  # each stage would skip steps on its own overflows: the stages drift apart
-        raise CourseError("--amp fp16 needs a GradScaler, which the stages of a pipeline do not share: use --amp bf16")
-    mp_policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)  # --amp, under FSDP2
-    stages, ids, count, model, total = build(args, mesh, device, amp_dtype, mp_policy)  # this rank's stages (above)
-    first, last = 0 in ids, count - 1 in ids  # this rank feeds the images / computes the loss
-    pp_group = mesh["pp"].get_group()  # the point-to-point sends and receives: along a pipeline
-    schedule = make_schedule(args, stages, ids, count, pp_group, device, training=True)
-    eval_schedule = make_schedule(args, stages, ids, count, pp_group, device, training=False)
-    torch.manual_seed(args.seed + rank)  # one dropout stream per stage and replica
-    log0(f"lesson 07: {world_size} process{'es' if world_size > 1 else ''}, mesh pp {pp} x dp {dp}, "
-         f"{args.pp_schedule}: {plural(count, 'stage')} of {total / 1e6:,.1f} M "
-         f"parameters in all, {args.microbatches} micro-batches of {args.batch_size // args.microbatches}")
-    log_all(f"pp-rank {mesh.get_local_rank('pp')} holds stage{'s' * (len(ids) > 1)} "
-            f"{' and '.join(map(str, ids))}: {count_parameters(model) / 1e6:,.2f} M parameters")
-    optimizer = make_optimizer(args, model.parameters(), dp)  # --lr-scaling: data-parallel replicas
-    scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule: the learning rate
-    position, history = Position(), History(args, LESSON, device)
-    if resume:  # --resume auto: the newest good checkpoint
-        load_checkpoint(resume, model, optimizer, scheduler, position, history, checkpoints)
-    save_config(args, f"{args.output_dir}/config.yaml")  # --config this file replays the run
+    net = TPNet(args.blocks, args.hidden)  # lesson 06's model, whole on every rank for a moment: the same weights
+    model = Stage(net, stage_blocks(args.blocks, pp)[pp_rank], first=pp_rank == 0, last=pp_rank == pp - 1).to(device)
+    for unit in [*model.units(), model]:  # FSDP2 over "dp": the stage's layers, then the stage (the root)
+        fully_shard(unit, mesh=mesh["dp"], reshard_after_forward=False)  # gathered once a step, not per micro-batch
+    pipeline = ScheduleGPipe if args.pp_schedule == "gpipe" else Schedule1F1B
+    # A PipelineStage sends its outputs on and their gradients back (send and recv in the "pp" group), in buffers
+    # sized by the first batch it runs: evaluation's batches differ, so they get a stage of their own.
+    stages = [PipelineStage(model, pp_rank, pp, device, group=mesh["pp"].get_group()) for _ in range(2)]
+    schedule = pipeline(stages[0], args.microbatches, loss_fn=F.nll_loss)  # the mean loss of each micro-batch
+    evaluation = pipeline(stages[1], args.microbatches)  # forwards only
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
+    scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)  # lr x 0.7 after every epoch
+    start = 1
+    if resume:  # --resume auto: the newest checkpoint; the run continues with the epoch after it
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=FLAT)  # my layers' shards, to fill
+        checkpoint = {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "epoch": 0}
+        dcp.load(checkpoint, checkpoint_id=resume)  # a collective: in place, each rank reads the pieces of its shards
+        set_state_dict(model, optimizer, model_state_dict=checkpoint["model"], optim_state_dict=checkpoint["optimizer"],
+                       options=FLAT)
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        start = checkpoint["epoch"] + 1
+        print(f"resumed from {resume}")
+    print(f"rank {rank} of {world_size} on {device}, mesh (pp {pp_rank}, dp {dp_rank}) of ({pp}, {dp}): blocks "
+          f"{list(model.blocks)}, {len(train_sampler)} of {len(train_ds)} training images")
 
-    with StopSignals(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as stop:  # + Slurm's warning before the limit
-        for epoch in range(position.epoch, args.epochs + 1):
-            train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-            train_stats = train(args, model, schedule, device, train_loader, optimizer, scheduler, position, stop,
-                                stop_group, first, last)
-            # a collective (all_reduce): every rank calls it
-            if stop.agreed(stop_group, now=True):  # also a request after the epoch's last check: all ranks save here
-                save_checkpoint(checkpoints.path(position), model, optimizer, scheduler, position, history, checkpoints)
-                stop.report(position.epoch, position.step)
-                break
-            val_stats = test(args, model, eval_schedule, device, val_loader, first, last) if val_loader else None
-            history.add(epoch, train_stats, test(args, model, eval_schedule, device, test_loader, first, last),
-                        val_stats, scheduler.get_last_lr()[0])
-            position.next_epoch()
-            path = checkpoints.path(position)
-            save_checkpoint(path, model, optimizer, scheduler, position, history, checkpoints)
-            checkpoints.prune(path, best=history.best_epoch == epoch)  # the newest --keep-checkpoints, and best.pt
-            if should_stop(history.rows, args.target_accuracy, args.patience):  # the target reached, or --patience
-                break
-        history.close()
-        # a collective (all_reduce): one more vote, so a request after the last one (in the last test or save) stops
-        # every rank or none: a rank that skipped the gather alone would leave the others waiting in it
-        if stop.agreed(stop_group, now=True):
-            stop.report(position.epoch, position.step)  # the last epoch's checkpoint is saved; said once
-        else:  # one plain file for inference: every stage's full weights, gathered onto rank 0's CPU
-            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))  # FSDP2: all-gathers
-            full = {k: v.cpu() for k, v in full.items()}
-            pieces = [None] * world_size if rank == 0 else None
-            dist.gather_object(full, pieces, dst=0)  # each stage's layers (the dp replicas send the same ones)
-            if rank == 0:
-                atomic_save({k: v for piece in pieces for k, v in piece.items()}, f"{args.output_dir}/model_full.pt")
-        dist.destroy_process_group()  # inside the `with`: a late SIGUSR1 is written down, not the end of the process
-    return history.record  # the numbers of metrics.json, e.g. for a notebook
+    for epoch in range(start, args.epochs + 1):
+        train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        began = time.perf_counter()
+        train(model, schedule, device, train_loader, optimizer)
+        seconds = time.perf_counter() - began
+        loss, correct, count = test(model, evaluation, device, test_loader)
+        scheduler.step()
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=FLAT)  # my shards, as DTensors
+        state = {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "epoch": epoch}
+        if rank == 0:
+            print(f"epoch {epoch}: test loss {loss:.4f}, accuracy {correct:.0f}/{count:.0f}, train {seconds:.1f} s")
+        with checkpoints.writing(epoch) as path:  # a temporary name, renamed once complete
+            dcp.save(state, checkpoint_id=path)  # a collective: every rank writes its own shards, rank 0 the index
+    dist.destroy_process_group()
+
+
+def train(model, schedule, device, train_loader, optimizer):
+    model.train()
+    for data, target in train_loader:
+        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        optimizer.zero_grad()
+        # Every micro-batch's forward and backward, in the schedule's order (stage 0 gets the images, the last stage
+        # the labels); FSDP2 all-gathers each layer over "dp" and reduce-scatters its gradient after the last backward.
+        schedule.step(*[data] * model.first, target=target if model.last else None)  # gradients: micro-batches' mean
+        optimizer.step()
+
+
+@torch.no_grad()
+def test(model, evaluation, device, test_loader):
+    """The test set's mean loss, and how many images were right out of how many."""
+    model.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    for data, target in test_loader:
+        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+        padded = F.pad(data, (0, 0, 0, 0, 0, 0, 0, test_loader.batch_size - len(data)))  # zeros fill a last batch
+        output = evaluation.eval(*[padded] * model.first)  # forwards only, through the stages; the output on the last
+        if model.last:  # only the last stage has the output, and only the real images count
+            output = output[:len(data)]
+            loss_sum += F.nll_loss(output, target, reduction="sum").item()  # a SUM: the mean is exact
+            correct += (output.argmax(dim=1) == target).sum().item()
+            count += len(data)
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+    dist.all_reduce(totals)  # over ALL ranks: the last stage of each pipeline counted its images, the others zeros
+    loss_sum, correct, count = totals.tolist()
+    return loss_sum / count, correct, count
+
+
+class MLP(nn.Module):
+    """x + down(relu(up(x))): a Megatron pair, hidden -> 4 x hidden -> hidden, as in a transformer's MLP."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.up, self.down = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.relu(self.up(x)))
+
+
+class TPNet(Net):
+    """Lesson 05's Net (fc2 after fc1 and its blocks) with MLPs as its blocks: the parameter-heavy part."""
+
+    def __init__(self, blocks: int = 0, hidden: int = 128):
+        super().__init__(hidden=hidden)
+        self.blocks = nn.ModuleList(MLP(hidden) for _ in range(blocks))  # drawn after Net's: blocks 0 is Net
+
 
 
 if __name__ == "__main__":
