@@ -59,7 +59,7 @@ def main(argv=None):
     dist.init_process_group(backend=dist.get_default_backend_for_device(device),  # nccl for cuda, gloo for cpu
                             device_id=device if device.type == "cuda" else None)  # meet at MASTER_ADDR:MASTER_PORT
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(args.seed)  # on every rank: the same weights, and the same dropout masks for TP peers
+    torch.manual_seed(args.seed)  # on every rank: the same initial weights and dropout masks
 
     train_ds, _, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
                                       is_main=rank == 0, barrier=dist.barrier)  # rank 0 downloads, the rest wait
@@ -132,6 +132,8 @@ def test(model, device, test_loader, dp_group):
         loss_sum += F.nll_loss(output, target, reduction="sum").item()  # a SUM: the mean is exact
         correct += (output.argmax(dim=1) == target).sum().item()
         count += len(data)
+    for _ in range(test_loader.sampler.most_batches(test_loader.batch_size) - len(test_loader)):
+        model(torch.zeros(1, 1, 28, 28, device=device))  # a group with fewer test batches joins the all-gathers
     totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
     dist.all_reduce(totals, group=dp_group)  # one rank per TP group (its peers counted the same images): exact
     loss_sum, correct, count = totals.tolist()

@@ -1,9 +1,7 @@
-r"""Lesson 07: pipeline parallelism (PP): the model cut into stages, one per rank of a pipeline (processes / --dp),
-each batch cut into --microbatches that flow through them; FSDP2 across --dp pipelines: a 2-D mesh. Torch >= 2.10.
+r"""Lesson 07: pipeline parallelism (PP), stages on the ranks of a pipeline, FSDP2 across --dp pipelines (torch 2.10+).
 
-Stage 0 holds the features, fc1 and the first blocks; the last stage the other blocks, fc2 and the loss. A stage
-sends its activations to the next one and gets their gradients back (point-to-point send and recv); the schedule
-(--pp-schedule) orders the micro-batches' forwards and backwards; the ranks idle while the pipeline fills and drains.
+A stage sends its activations to the next one and gets their gradients back (point-to-point send and recv); the
+schedule (--pp-schedule) orders the --microbatches' forwards and backwards; ranks idle while the pipeline fills.
 From the course folder:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 07_pipeline_parallel/mnist_ppmodel.py \
         --data synthetic --train-samples 2000 --test-samples 1000 --epochs 2 --num-workers 0 --output-dir runs/07-first
@@ -39,8 +37,6 @@ from stages import Stage, stage_blocks
 from torch_floor import require_torch_2_10
 
 LESSON = "07"
-# The stages hold different layers: optimizer state by parameter name, not in param_groups (DCP keeps ONE rank's)
-FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def main(argv=None):
@@ -73,7 +69,7 @@ def main(argv=None):
     dist.init_process_group(backend=dist.get_default_backend_for_device(device),  # nccl for cuda, gloo for cpu
                             device_id=device if device.type == "cuda" else None)  # meet at MASTER_ADDR:MASTER_PORT
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(args.seed)  # on every rank: the same weights before each stage keeps its layers
+    torch.manual_seed(args.seed)  # on every rank: the same initial weights and dropout masks
 
     train_ds, _, test_ds = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples,
                                       is_main=rank == 0, barrier=dist.barrier)  # rank 0 downloads, the rest wait
@@ -92,10 +88,10 @@ def main(argv=None):
     model = Stage(net, stage_blocks(args.blocks, pp)[pp_rank], first=pp_rank == 0, last=pp_rank == pp - 1).to(device)
     for unit in [*model.units(), model]:  # FSDP2 over "dp": the stage's layers, then the stage (the root)
         fully_shard(unit, mesh=mesh["dp"], reshard_after_forward=False)  # gathered once a step, not per micro-batch
-    pipeline = ScheduleGPipe if args.pp_schedule == "gpipe" else Schedule1F1B
+    stages = [PipelineStage(model, pp_rank, pp, device, group=mesh["pp"].get_group()) for _ in range(2)]
     # A PipelineStage sends its outputs on and their gradients back (send and recv in the "pp" group), in buffers
     # sized by the first batch it runs: evaluation's batches differ, so they get a stage of their own.
-    stages = [PipelineStage(model, pp_rank, pp, device, group=mesh["pp"].get_group()) for _ in range(2)]
+    pipeline = ScheduleGPipe if args.pp_schedule == "gpipe" else Schedule1F1B
     schedule = pipeline(stages[0], args.microbatches, loss_fn=F.nll_loss)  # the mean loss of each micro-batch
     evaluation = pipeline(stages[1], args.microbatches)  # forwards only
     optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
@@ -154,6 +150,8 @@ def test(model, evaluation, device, test_loader):
             loss_sum += F.nll_loss(output, target, reduction="sum").item()  # a SUM: the mean is exact
             correct += (output.argmax(dim=1) == target).sum().item()
             count += len(data)
+    for _ in range(test_loader.sampler.most_batches(test_loader.batch_size) - len(test_loader)):
+        evaluation.eval(*[torch.zeros(test_loader.batch_size, 1, 28, 28, device=device)] * model.first)  # all-gathers
     totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
     dist.all_reduce(totals)  # over ALL ranks: the last stage of each pipeline counted its images, the others zeros
     loss_sum, correct, count = totals.tolist()
@@ -179,6 +177,8 @@ class TPNet(Net):
         self.blocks = nn.ModuleList(MLP(hidden) for _ in range(blocks))  # drawn after Net's: blocks 0 is Net
 
 
+# The stages hold different layers: optimizer state by parameter name, not in param_groups (DCP keeps ONE rank's)
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 if __name__ == "__main__":
     run(main)
