@@ -86,3 +86,25 @@ def test_05_trains_the_same_model_as_04(small, tmp_path):
     rows = [epochs(run_script(lesson, *flags, "--output-dir", tmp_path / lesson, nproc=2))[0] for lesson in ("04", "05")]
     (_, loss04, right04, _), (_, loss05, right05, _) = rows
     assert abs(loss04 - loss05) < 1e-3 and abs(right04 - right05) <= 1, rows
+
+
+def test_06_tp_inside_fsdp_on_a_2x2_mesh_resumes_on_another(small, tmp_path):
+    """4 ranks as 2 TP groups of 2: a group reads one batch, its 2 ranks each compute half of every block."""
+    flags = [*small, "--train-samples", 800, "--test-samples", 101, "--output-dir", tmp_path]
+    proc = run_script("06", *flags, "--epochs", 1, nproc=4)
+    assert_clean(proc)
+    assert len(re.findall(r"mesh \(dp \d, tp \d\) of \(2, 2\), 400 of 800 training images", proc.stdout)) == 4
+    assert [(e, n) for e, _, _, n in epochs(proc)] == [(1, 101)]
+    more = run_script("06", *flags, "--epochs", 2, "--resume", "auto", "--tp", 1, nproc=2)  # DCP reshards: 2 x 1
+    assert_clean(more)
+    assert [e for e, *_ in epochs(more)] == [2]
+
+
+def test_07_pipelines_join_uneven_test_shards(small, tmp_path):
+    """2 pipelines of 2 stages; 9 test images in batches of 4: 5 and 4, so 2 and 1 batches, and FSDP2 all-gathers
+    across the pipelines: the one with fewer batches must join the other's last one (it hung without)."""
+    proc = run_script("07", *small, "--train-samples", 600, "--test-samples", 9, "--test-batch-size", 4,
+                      "--microbatches", 2, "--dp", 2, "--epochs", 1, "--output-dir", tmp_path, nproc=4)
+    assert_clean(proc)
+    assert [(e, n) for e, _, _, n in epochs(proc)] == [(1, 9)]
+    assert (tmp_path / "checkpoints" / "07-epoch-001" / ".metadata").is_file()
