@@ -35,7 +35,7 @@ COLUMNS = ["index", "label", "predicted"] + [f"p{k}" for k in range(10)]  # one 
 
 def parse_args(argv=None):
     p = Parser(description="Lesson 04: distributed prediction, results gathered on rank 0")
-    p.add_argument("--checkpoint", required=True, help="a lesson 04 checkpoint .pt, or a lesson 05 model_full.pt")
+    p.add_argument("--checkpoint", required=True, help="a lesson 04 checkpoint .pt, or the trainer's model_full.pt (fsdp2, tp, 2d, pp)")
     p.add_argument("--data", choices=["mnist", "synthetic"], default="mnist",
                    help="the test set to predict (default: mnist)")
     p.add_argument("--data-dir", default=default_data_dir(),
@@ -59,7 +59,7 @@ def parse_args(argv=None):
 def load_model(path, width, device):
     """A Net with the weights in `path`: a training checkpoint ({"model": state_dict, ...}) or a bare state_dict."""
     if not Path(path).is_file():
-        raise CourseError(f"--checkpoint {path} is not a file: pass a .pt of lesson 04 (or model_full.pt of lesson 05)")
+        raise CourseError(f"--checkpoint {path} is not a file: pass a .pt of lesson 04 (or the trainer's model_full.pt)")
     try:  # weights_only: tensors and plain containers only, never code from the file
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:  # unpickling errors come in many types

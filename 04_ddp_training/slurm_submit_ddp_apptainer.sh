@@ -8,8 +8,8 @@
 #   apptainer pull pytorch.sif docker://pytorch/pytorch:<tag>    # once, on a login node: an image with torch
 #   APPTAINER_IMAGE=$PWD/pytorch.sif sbatch 04_ddp_training/slurm_submit_ddp_apptainer.sh --epochs 3
 #
-# Arguments after the script name go to mnist_ddpmodel.py. Log: logs/ddp-apptainer-<jobid>.out; metrics and
-# checkpoints: runs/ddp-apptainer-<jobid>/ (OUTPUT_ROOT changes runs/; it is bound into the container, so an
+# Arguments after the script name go to mnist_ddpmodel.py. Log: logs/ddp-apptainer-<jobid>.out; checkpoints:
+# runs/ddp-apptainer-<jobid>/ (OUTPUT_ROOT changes runs/; it is bound into the container, so an
 # --output-dir of yours must be a bound folder too). The image (APPTAINER_IMAGE) and the host's NCCL network
 # plugin (NCCL_PLUGIN_DIR) are set in slurm/site.sh. World size = nodes x GPUs per node.
 #
@@ -23,9 +23,8 @@
 #              rendezvous (MASTER_ADDR, MASTER_PORT), SLURM_* (the training reads SLURM_JOB_ID), NCCL_* and
 #              TORCH_* of slurm/site.sh, CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS and PYTHONPATH. To set a variable
 #              only inside: APPTAINERENV_<NAME>=value.
-# Time limit: the processes still stop at SIGUSR1 and save a checkpoint, but in an image without Slurm's `scontrol`
-# they cannot requeue the job (the log says "not a Slurm job: restart it yourself"): submit again with
-# --output-dir runs/ddp-apptainer-<old job id> and it resumes. Preemption by the site (PreemptMode=REQUEUE) works.
+# Preemption by the site (PreemptMode=REQUEUE) requeues the job, which resumes from its last finished epoch. After a
+# time limit, submit again with --output-dir runs/ddp-apptainer-<old job id>: it resumes the same way.
 #SBATCH --job-name=ddp-apptainer
 #SBATCH --nodes=2                  # nodes; each runs one container with one torchrun
 #SBATCH --ntasks-per-node=1        # ONE task per node: torchrun, which starts the per-GPU processes itself
@@ -34,7 +33,6 @@
 #SBATCH --cpus-per-task=8          # CPUs per node for ALL its processes, split between them below
 #SBATCH --time=00:30:00
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
-#SBATCH --signal=USR1@120          # save a checkpoint before the time limit (see above)
 #SBATCH --requeue
 #SBATCH --open-mode=append
 set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
@@ -59,10 +57,9 @@ fi
 echo "== tasks ${SLURM_NTASKS:-?} (one container + torchrun per node) | GPUs per node ${SLURM_GPUS_ON_NODE:-0} | processes per node $NPROC_PER_NODE -> world size $((SLURM_NNODES * NPROC_PER_NODE)) | CPUs per process $CPUS_PER_PROC (DataLoader workers $NUM_WORKERS)"
 echo "== image $APPTAINER_IMAGE | ${BINDS[*]} | rendezvous $MASTER_ADDR:$MASTER_PORT (c10d, id $SLURM_JOB_ID)"
 
-# As in slurm_submit_ddp_multinode.sh; the SIGUSR1 guard (trap "" USR1) runs INSIDE the container, right before
-# torchrun, so it holds whatever apptainer does with the signal (not tested here: no container runtime).
+# As in slurm_submit_ddp_multinode.sh, with torchrun inside the container.
 srun --kill-on-bad-exit=1 --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
-    apptainer exec --nv "${BINDS[@]}" "$APPTAINER_IMAGE" sh -c 'trap "" USR1; exec "$@"' _ \
+    apptainer exec --nv "${BINDS[@]}" "$APPTAINER_IMAGE" \
     torchrun --nnodes="$SLURM_NNODES" --nproc_per_node="$NPROC_PER_NODE" \
     --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv_id="$SLURM_JOB_ID" \
     "$COURSE_DIR/04_ddp_training/mnist_ddpmodel.py" --num-workers "$NUM_WORKERS" --output-dir "$OUTPUT_DIR" --resume auto "$@"

@@ -8,7 +8,7 @@
 #   sbatch --nodes=4 -A my_account -p my_partition 04_ddp_training/slurm_submit_ddp_multinode.sh
 #
 # Arguments after the script name go to mnist_ddpmodel.py. Log: logs/ddp-multinode-<jobid>.out;
-# metrics and checkpoints: runs/ddp-multinode-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
+# checkpoints: runs/ddp-multinode-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
 # World size = nodes x GPUs per node. Change --nodes and --gpus-per-node; nothing else.
 # The same job in the srun style: slurm_submit_ddp_srun.sh. Help and troubleshooting: slurm/README.md.
 #SBATCH --job-name=ddp-multinode
@@ -19,11 +19,10 @@
 #SBATCH --cpus-per-task=8          # CPUs per node for ALL its processes, split between them below
 #SBATCH --time=00:30:00
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
-# Time limit and preemption: Slurm sends SIGUSR1 120-180 s before the time limit to the processes of the
-# job's steps (srun; B:USR1@120 would signal only this batch shell, for scripts that trap it themselves).
-# They save a checkpoint and requeue the job, which keeps its id and resumes (slurm/README.md, "Time limits").
-#SBATCH --signal=USR1@120          # raise the 120 if saving a checkpoint takes longer than a minute
-#SBATCH --requeue                  # the job may go back to the queue: on preemption, or by itself on SIGUSR1
+# Preemption: a requeued job keeps its id and resumes from its last finished epoch (--resume auto below). The
+# lesson script saves only after each epoch: a time-limit warning (--signal) would find nothing to act on; the
+# trainer's template, trainer/slurm_train.sh, saves and requeues on it (trainer/README.md).
+#SBATCH --requeue                  # the job may go back to the queue on preemption
 #SBATCH --open-mode=append         # a requeued run appends to the same log instead of overwriting it
 set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
 source "${SLURM_SUBMIT_DIR:?submit with sbatch from the course folder}/slurm/job_env.sh"  # shared set-up; sites: slurm/site.sh
@@ -35,10 +34,8 @@ echo "== rendezvous $MASTER_ADDR:$MASTER_PORT (c10d, id $SLURM_JOB_ID)"
 
 # --ntasks/--ntasks-per-node: exactly one torchrun per node, whatever the #SBATCH lines say.
 # --cpus-per-task again: from Slurm 22.05 on, srun may not inherit it from sbatch.
-# trap "" USR1: SIGUSR1 would kill torchrun; exec passes the ignore on to it and its workers, whose own handler replaces it.
 # --resume auto: continue from the newest checkpoint in OUTPUT_DIR (after a requeue), else start fresh.
 srun --kill-on-bad-exit=1 --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
-    bash -c 'trap "" USR1; exec "$@"' _ \
     torchrun --nnodes="$SLURM_NNODES" --nproc_per_node="$NPROC_PER_NODE" \
     --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv_id="$SLURM_JOB_ID" \
     "$COURSE_DIR/04_ddp_training/mnist_ddpmodel.py" --num-workers "$NUM_WORKERS" --output-dir "$OUTPUT_DIR" --resume auto "$@"

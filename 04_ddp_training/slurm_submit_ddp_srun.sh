@@ -8,7 +8,7 @@
 #   sbatch --nodes=4 -A my_account -p my_partition 04_ddp_training/slurm_submit_ddp_srun.sh
 #
 # Arguments after the script name go to mnist_ddpmodel.py. Log: logs/ddp-srun-<jobid>.out;
-# metrics and checkpoints: runs/ddp-srun-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
+# checkpoints: runs/ddp-srun-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
 # World size = nodes x tasks per node. Keep --ntasks-per-node equal to --gpus-per-node. Sites that bind
 # one GPU to each task: add --gpus-per-task=1 (below, or on the sbatch line); each task then sees only its
 # own GPU, as cuda:0, and the training code uses that one whatever its local rank.
@@ -22,11 +22,10 @@
 #SBATCH --cpus-per-task=4          # per process: DataLoader workers = this - 1
 #SBATCH --time=00:30:00
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
-# Time limit and preemption: Slurm sends SIGUSR1 120-180 s before the time limit to the processes of the
-# job's steps (srun; B:USR1@120 would signal only this batch shell, for scripts that trap it themselves).
-# They save a checkpoint and requeue the job, which keeps its id and resumes (slurm/README.md, "Time limits").
-#SBATCH --signal=USR1@120          # raise the 120 if saving a checkpoint takes longer than a minute
-#SBATCH --requeue                  # the job may go back to the queue: on preemption, or by itself on SIGUSR1
+# Preemption: a requeued job keeps its id and resumes from its last finished epoch (--resume auto below). The
+# lesson script saves only after each epoch: a time-limit warning (--signal) would find nothing to act on; the
+# trainer's template, trainer/slurm_train.sh, saves and requeues on it (trainer/README.md).
+#SBATCH --requeue                  # the job may go back to the queue on preemption
 #SBATCH --open-mode=append         # a requeued run appends to the same log instead of overwriting it
 set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
 source "${SLURM_SUBMIT_DIR:?submit with sbatch from the course folder}/slurm/job_env.sh"  # shared set-up; sites: slurm/site.sh

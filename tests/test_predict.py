@@ -90,7 +90,7 @@ def test_bad_checkpoint_path_is_one_error_line(synthetic_dir, tmp_path):
 def test_checkpoint_formats_and_width(script, tmp_path):
     torch.manual_seed(0)
     wide = Net(width=2, blocks=1)
-    torch.save(wide.state_dict(), tmp_path / "model_full.pt")  # lesson 05's export: the bare state_dict
+    torch.save(wide.state_dict(), tmp_path / "model_full.pt")  # the trainer's export: the bare state_dict
     model = script.load_model(tmp_path / "model_full.pt", None, torch.device("cpu"))  # width read from the shapes
     assert not model.training  # eval(): dropout off
     assert wide.state_dict().keys() == model.state_dict().keys()

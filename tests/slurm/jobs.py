@@ -33,7 +33,7 @@ LEAKY = ("COURSE_DIR", "MODULES", "CONDA_ENV", "VENV", "WORKSHOP_DATA_DIR", "OUT
          "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "FAIL_AT_STEP",
          "STAGE_DATA", "NODE_LOCAL_DIR", "APPTAINER_IMAGE", "NCCL_PLUGIN_DIR", "SWEEP_TABLE")
 TRAINING = ("single", "dp", "ddp", "ddp_multinode", "ddp_srun", "fsdp", "apptainer")  # they checkpoint and resume
-PREEMPTIBLE = ("ddp", "ddp_multinode", "ddp_srun", "fsdp", "apptainer")  # from lesson 04 on: also stop on SIGUSR1
+PREEMPTIBLE = ("fsdp",)  # also stop on SIGUSR1 (lesson 04's teaching script saves only after each epoch)
 RANK_LINE = re.compile(r"^\[rank (\d+)\] host (\S+) rank (\d+)/(\d+) local_rank (\d+) device (\S+) backend (\S+)$", re.M)
 
 
