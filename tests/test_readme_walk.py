@@ -182,18 +182,19 @@ def test_a_traceback_fails_unless_the_page_shows_the_crash():
 
 
 @pytest.mark.timeout(600)
-def test_the_tolerance_still_catches_ranks_that_train_on_one_shard(tmp_path):
-    """A plausible bug: every rank draws rank 0's shard (a sampler given the wrong rank), so an epoch sees half the
-    images, each twice. Lesson 04's first run on its README must then fail the walk's comparison."""
+def test_the_walk_catches_a_test_that_counts_one_rank(tmp_path):
+    """A plausible bug: test() without its all_reduce, so rank 0 reports its own shard of the test set. The count of
+    test images is exact on every CPU: lesson 04's first run on its README must then fail the walk's comparison.
+    (A sampler given the wrong rank is exercise 2's, counted in tests/test_exercises_04.py.)"""
     course = copy_course(ROOT, tmp_path / "course")
     script = course / "04_ddp_training" / "mnist_ddpmodel.py"
-    right = "DistributedSampler(train_ds, num_replicas=world_size, rank=rank,"
+    right = "    dist.all_reduce(totals)  # a collective"
     assert right in script.read_text()
-    script.write_text(script.read_text().replace(right, right.replace("rank=rank", "rank=0")))
+    script.write_text(script.read_text().replace(right, "    pass  # dist.all_reduce(totals)"))
     page = course / "04_ddp_training" / "README.md"
     first = next(b for b in blocks(page.read_text()) if "mnist_ddpmodel.py" in b.commands and b.shown)
     walked = tmp_path / "walked"
     code, out = run_block(first.commands, walked, prepare(course, walked, None), BLOCK_TIMEOUT_S)
     problems = check(first, code, out)
     assert code == 0 and problems and all("printed no such line" in p for p in problems), problems
-    assert "shows      epoch 2: test loss" in problems[0], problems  # the numbers, off by more than the tolerance
+    assert "/500" in out and "/1000" not in out  # half the test set: rank 0's
