@@ -23,7 +23,7 @@ def lesson_folder_untouched():
     assert listing() == before
 
 
-def solution(name, *args, timeout=180):
+def solution(name, *args, timeout=600):  # resume_check.py: 3 runs of the lesson, slow on a busy machine
     proc = subprocess.run([sys.executable, str(SOLUTIONS / name), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
     assert_clean(proc)
