@@ -7,7 +7,7 @@
 #   sbatch -A my_account -p my_partition 03_dp_training/slurm_submit_dp.sh
 #
 # Arguments after the script name go to mnist_dpmodel.py. Log: logs/mnist-dp-<jobid>.out;
-# metrics and checkpoints: runs/mnist-dp-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
+# checkpoints: runs/mnist-dp-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
 # Shape: 1 task that sees every GPU of --gpus-per-node; no torchrun. Help: slurm/README.md.
 #SBATCH --job-name=mnist-dp
 #SBATCH --nodes=1
@@ -17,8 +17,9 @@
 #SBATCH --cpus-per-task=8          # DataLoader workers = this - 1 (the script reads SLURM_CPUS_PER_TASK)
 #SBATCH --time=00:30:00
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
-# No --signal/--requeue here: this lesson saves a checkpoint after every epoch but does not catch
-# Slurm's warning signals; stopping cleanly before the time limit and requeueing arrive with lesson 04.
+# No --signal here: the lesson script catches no signal. It saves a checkpoint after every epoch, and a job
+# cut short continues from the last finished one when resubmitted with its OUTPUT_DIR (--resume auto below).
+# Stopping cleanly before the time limit, and requeueing: the trainer's template (trainer/README.md).
 set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
 source "${SLURM_SUBMIT_DIR:?submit with sbatch from the course folder}/slurm/job_env.sh"  # shared set-up; sites: slurm/site.sh
 stage_data  # STAGE_DATA=1 (slurm/site.sh): copy the data set to each node's local disk once, read it there
@@ -26,7 +27,7 @@ stage_data  # STAGE_DATA=1 (slurm/site.sh): copy the data set to each node's loc
 echo "== 1 process | GPUs ${SLURM_GPUS_ON_NODE:-0} (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-none}) | CPUs ${SLURM_CPUS_PER_TASK:-1}"
 
 # srun, although one process needs no launcher: the job's processes then run as a job step, as in lessons 04-05.
-# --resume auto: continue from the newest checkpoint in OUTPUT_DIR (a resubmission with the same OUTPUT_DIR), else
-# start fresh.
+# --resume auto: continue with the epoch after the newest checkpoint in OUTPUT_DIR (a resubmission with the same
+# OUTPUT_DIR), else start fresh.
 srun --kill-on-bad-exit=1 --ntasks=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
     python "$COURSE_DIR/03_dp_training/mnist_dpmodel.py" --output-dir "$OUTPUT_DIR" --resume auto "$@"

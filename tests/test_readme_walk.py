@@ -102,6 +102,17 @@ def test_losses_and_accuracies_within_the_tolerance_the_readme_states(shown, ok)
     assert (compare(f"epoch 1 | train_loss {shown} | 1 s | 9 img/s", printed) == []) is ok
 
 
+@pytest.mark.parametrize("shown, ok", [
+    ("0.4895, accuracy 825/1000", True),
+    ("0.4895, accuracy 844/1000", True),   # 19 of 1000 images
+    ("0.4895, accuracy 846/1000", False),  # 21 of 1000 images
+    ("0.4895, accuracy 825/999", False),   # the test set's size is exact
+])
+def test_the_teaching_scripts_correct_count_within_the_tolerance(shown, ok):
+    printed = "epoch 1: test loss 0.4895, accuracy 825/1000, train 38.7 s"
+    assert (compare(f"epoch 1: test loss {shown}, train 4.0 s", printed) == []) is ok
+
+
 def test_the_readme_states_the_walks_tolerance():
     text = " ".join((ROOT / "README.md").read_text().split())
     assert (f"accuracy is within {TOLERANCE['accuracy'] * 100:.0f} points of the page's (its count of correct test "

@@ -40,7 +40,7 @@ def test_a_lesson_run_from_its_folder_reads_and_writes_in_the_course_folder(tmp_
     assert done.returncode == 0 and "Traceback" not in out, out[-3000:]
     assert f"working in the course folder {course.resolve()}:" in out.splitlines()[0], out[-3000:]
     assert lesson_files(course) == before, sorted(lesson_files(course) - before)
-    assert len(list((course / "runs").glob("*/metrics.json"))) == 1  # the default --output-dir, runs/LESSON
+    assert len(list((course / "runs").glob("*/checkpoints/02-epoch-001.pt"))) == 1  # the default --output-dir, runs/02
     assert (course / "data" / "synthetic" / "MNIST" / "raw").is_dir()  # the default --data-dir, data/
 
 
@@ -54,7 +54,7 @@ def test_a_notebook_run_from_its_folder_writes_in_the_course_folder(tmp_path, mo
     NotebookClient(book, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(course / "02_singlegpu_training")}}).execute()
     assert lesson_files(course) == before, sorted(lesson_files(course) - before)
-    assert len(list((course / "runs" / "notebook").glob("lesson02-*/metrics.json"))) == 1
+    assert len(list((course / "runs" / "notebook").glob("lesson02-*/checkpoints/02-epoch-001.pt"))) == 1
     assert (course / "data" / "synthetic" / "MNIST" / "raw").is_dir()
 
 
@@ -84,7 +84,7 @@ def test_a_lesson_runs_without_the_course_installed_from_any_folder(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 0 and "Traceback" not in out, out[-3000:]
     # `common` came from the copy: its runs/ holds the run
-    assert len(list((course / "runs").glob("*/metrics.json"))) == 1, out[-3000:]
+    assert len(list((course / "runs").glob("*/checkpoints/02-epoch-001.pt"))) == 1, out[-3000:]
 
 
 def test_a_missing_package_is_one_line_naming_the_fix(tmp_path):

@@ -1,14 +1,15 @@
-"""Lesson 02, exercise 1: 4 micro-batches of 16 (--grad-accum 4) take the same optimizer step as 1 batch of 64.
+"""Lesson 02, exercise 1: 4 micro-batches of 16, each loss divided by 4, take the same optimizer step as 1 batch of 64.
 
     python 02_singlegpu_training/solutions/grad_accum.py
 
-It runs the lesson's own train() for ONE optimizer step, twice, from the same weights on the same 64 images:
-as `--batch-size 64` and as `--batch-size 16 --grad-accum 4`, then compares the weights. First with dropout
-off (p = 0), then on. It reads no data set and writes nothing.
+From the same weights, on the same 64 images, it takes ONE optimizer step twice: with the lesson's own train() on
+one batch of 64, and with the accumulating loop below on 4 batches of 16; then compares the weights. First with
+dropout off (p = 0), then on. It reads no data set and writes nothing.
 
 Why dropout off: it draws a random mask per forward pass, so 4 passes of 16 images drop other activations than
 1 pass of 64. With it off, each loss divided by 4 makes the 4 gradients add up to the mean over the 64 images,
-the gradient of the large batch: the weights agree up to float rounding.
+the gradient of the large batch: the weights agree up to float rounding. (The trainer's --grad-accum is this
+loop; under DDP it also skips the all_reduce of the first 3 backward passes: trainer/README.md.)
 """
 import copy
 import runpy
@@ -16,39 +17,41 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, SequentialSampler, TensorDataset
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
 
 COURSE = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(COURSE))  # for `common`, also when the course is not installed
-from common.cli import base_parser, parse  # noqa: E402
-from common.optim import make_optimizer, make_scheduler  # noqa: E402
-from common.position import Position  # noqa: E402
 
 # The lesson script's functions, without running its main() (run_path gives it another __name__).
 lesson = runpy.run_path(str(COURSE / "02_singlegpu_training" / "mnist_singlegpu.py"))
+CPU = torch.device("cpu")
 
 
-class NoStop:
-    request = False  # what StopSignals says when nobody pressed Ctrl-C
+def accumulate(model, loader, optimizer, micro_batches: int):
+    """One optimizer step from `micro_batches` batches: their gradients add up in .grad before the step."""
+    model.train()
+    optimizer.zero_grad()
+    for data, target in loader:
+        loss = F.nll_loss(model(data), target)
+        (loss / micro_batches).backward()  # / N: the sum of N mean gradients is N times too large
+    optimizer.step()
 
 
-def one_step(start, images, labels, batch_size: int, grad_accum: int, dropout: bool) -> torch.nn.Module:
-    """A copy of `start` after one optimizer step of the lesson's train() with these flags."""
-    args = parse(base_parser(lesson["LESSON"], ""), ["--batch-size", batch_size, "--grad-accum", grad_accum,
-                                                     "--max-steps", 1, "--num-workers", 0])
+def one_step(start, images, labels, batch_size: int, dropout: bool) -> torch.nn.Module:
+    """A copy of `start` after one optimizer step on these 64 images, in batches of `batch_size`."""
     model = copy.deepcopy(start)
     if not dropout:
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
-    dataset = TensorDataset(images, labels)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=SequentialSampler(dataset))  # the same order
-    optimizer = make_optimizer(args, model.parameters())  # the lesson's default: Adadelta, lr 1.0
-    scheduler = make_scheduler(args, optimizer, 1)
+    loader = DataLoader(TensorDataset(images, labels), batch_size=batch_size)  # the same order, no shuffle
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)  # the lesson's
     torch.manual_seed(0)  # the same dropout stream for both runs
-    no_scaling = torch.amp.GradScaler("cpu", enabled=False)  # float32 (no --amp): the scaler passes through
-    lesson["train"](args, model, torch.device("cpu"), loader, optimizer, scheduler, Position(), NoStop(),
-                    None, no_scaling)
+    if batch_size == len(images):
+        lesson["train"](model, CPU, loader, optimizer)  # one batch: the lesson's own step
+    else:
+        accumulate(model, loader, optimizer, micro_batches=len(loader))
     return model
 
 
@@ -61,8 +64,8 @@ def main() -> None:
     start = lesson["Net"]()
     images, labels = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
     for dropout in (False, True):
-        big = one_step(start, images, labels, batch_size=64, grad_accum=1, dropout=dropout)
-        accumulated = one_step(start, images, labels, batch_size=16, grad_accum=4, dropout=dropout)
+        big = one_step(start, images, labels, batch_size=64, dropout=dropout)
+        accumulated = one_step(start, images, labels, batch_size=16, dropout=dropout)
         print(f"dropout {'on ' if dropout else 'off'}: largest weight difference after one step "
               f"{max_difference(big, accumulated):.1e} (the step itself moved weights by up to "
               f"{max_difference(start, big):.1e})")
