@@ -62,7 +62,7 @@ def creatable_folder(path) -> str | None:
 
 
 def work_in_course_folder() -> None:
-    """Make every relative path (data/, runs/, flags, --config) the course folder's, wherever the lesson was started:
+    """Make every relative path (data/, runs/, flags, --config) the course folder's, wherever the lesson (or trainer/) was started:
     no second data/ or runs/ beside the script. The script's own course, not the one `common` came from. Each
     script's main calls it first, before parsing its flags; outside a lesson script (a notebook, pytest) it does
     nothing."""
@@ -70,7 +70,7 @@ def work_in_course_folder() -> None:
     path = Path(script).resolve() if script else Path("/")
     course = next((p for p in path.parents if (p / "common").is_dir() and (p / "01_setup").is_dir()), None)
     lesson = path.relative_to(course).parts[0] if course else ""
-    if not (lesson[:2].isdigit() and lesson[2:3] == "_"):  # not a lesson script (pytest in COURSE/.venv, say)
+    if not (lesson[:2].isdigit() and lesson[2:3] == "_") and lesson != "trainer":  # pytest in COURSE/.venv, say
         return
     try:
         here = Path.cwd()

@@ -1,8 +1,8 @@
-r"""Lesson 04: DistributedDataParallel, one process per GPU (or per CPU slot), any number of nodes.
+r"""The trainer's --parallel ddp: DistributedDataParallel, one process per GPU or CPU slot (lesson 04).
 
 Every process holds a full replica, trains on its own shard of the data, and DDP all_reduces
 the gradients during backward, so all replicas take the same optimizer step. From the course folder:
-    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 04_ddp_training/mnist_ddpmodel.py --data synthetic \
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 trainer/train.py --parallel ddp --data synthetic \
         --train-samples 4000 --test-samples 1000 --epochs 2 --num-workers 0 --output-dir runs/04-first
 """
 import signal
@@ -11,7 +11,7 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` (trainer/train.py imports this module)
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,7 @@ from common.data import load_mnist
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
 from common.early_stopping import should_stop
 from common.errors import CourseError
-from common.exits import out_of_memory_advice, run
+from common.exits import out_of_memory_advice
 from common.files import atomic_save, work_in_course_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
@@ -41,7 +41,7 @@ from common.samplers import EvalSampler
 from common.signals import StopSignals
 from common.warmup import warm_up
 
-LESSON = "04_ddp_training"
+LESSON = "trainer-ddp"  # the checkpoints' signature, and the default runs/trainer-ddp
 
 
 def train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group, amp_dtype, scaler):
@@ -202,6 +202,3 @@ def main(argv=None):
     dist.destroy_process_group()
     return history.record  # the numbers of metrics.json, e.g. for a notebook
 
-
-if __name__ == "__main__":
-    run(main)

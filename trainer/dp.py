@@ -1,16 +1,16 @@
-r"""Lesson 03: nn.DataParallel, one process driving every visible GPU.
+r"""The trainer's --parallel dp: nn.DataParallel, one process driving every visible GPU (lesson 03).
 
 Each batch is split across the GPUs, replicas of the model run the pieces in threads, and the
 outputs and gradients are gathered back on GPU 0. Easy to add, slow to scale (03_dp_training/README.md).
 From the course folder:
-    python 03_dp_training/mnist_dpmodel.py --train-samples 4000 --test-samples 1000 \
+    python trainer/train.py --parallel dp --train-samples 4000 --test-samples 1000 \
         --epochs 1 --num-workers 0 --output-dir runs/03-first
 """
 import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` (trainer/train.py imports this module)
 
 import torch
 import torch.nn as nn
@@ -24,7 +24,6 @@ from common.config import save_config
 from common.data import load_mnist
 from common.distributed import pick_device
 from common.early_stopping import should_stop
-from common.exits import run
 from common.files import atomic_save, work_in_course_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
@@ -36,7 +35,7 @@ from common.position import Position, steps_per_epoch
 from common.signals import StopSignals
 from common.warmup import warm_up
 
-LESSON = "03_dp_training"
+LESSON = "trainer-dp"  # the checkpoints' signature, and the default runs/trainer-dp
 
 
 def train(args, model, device, train_loader, optimizer, scheduler, position, stop, amp_dtype, scaler):
@@ -175,6 +174,3 @@ def main(argv=None):
     history.close()
     return history.record  # the numbers of metrics.json, e.g. for a notebook
 
-
-if __name__ == "__main__":
-    run(main)

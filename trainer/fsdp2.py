@@ -1,9 +1,9 @@
-r"""Lesson 05: FSDP2 (fully_shard): each process keeps only a 1/N shard of weights, grads and optimizer state.
+r"""The trainer's --parallel fsdp2: each process keeps a 1/N shard of weights, grads, optimizer state (lesson 05).
 
 Before a unit of layers runs, its full weights are all-gathered; after backward, its gradients are
 reduce-scattered so each rank updates only its shard: a model too big for one GPU under DDP fits. From the
 course folder:
-    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 05_multigpu_fsdp_training/mnist_fsdpmodel.py \
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 trainer/train.py --parallel fsdp2 \
         --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --num-workers 0
 """
 import signal
@@ -11,7 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` (trainer/train.py imports this module)
 
 import torch
 import torch.distributed as dist
@@ -32,7 +32,6 @@ from common.data import load_mnist
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
 from common.early_stopping import should_stop
 from common.errors import CourseError, one_line
-from common.exits import run
 from common.files import atomic_save, replace_folder, work_in_course_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
@@ -45,7 +44,7 @@ from common.samplers import EvalSampler
 from common.signals import StopSignals
 from common.warmup import warm_up
 
-LESSON = "05_multigpu_fsdp_training"
+LESSON = "trainer-fsdp2"  # the checkpoints' signature, and the default runs/trainer-fsdp2
 
 
 def train(args, model, device, train_loader, optimizer, scheduler, position, stop, stop_group, amp_dtype, scaler):
@@ -260,6 +259,3 @@ def main(argv=None):
         dist.destroy_process_group()  # inside the `with`: a late SIGUSR1 is written down, not the end of the process
     return history.record  # the numbers of metrics.json, e.g. for a notebook
 
-
-if __name__ == "__main__":
-    run(main)

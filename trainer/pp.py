@@ -1,11 +1,10 @@
-r"""Lesson 07: pipeline parallelism (PP): the model cut into stages on the ranks of a pipeline (processes / --dp
-of them), each batch cut into --microbatches that flow through them, FSDP2 across --dp pipelines: a 2-D mesh.
+r"""The trainer's --parallel pp: pipeline stages on the ranks of a pipeline, FSDP2 across --dp pipelines (lesson 07).
 
 Stage 0 holds the features, fc1 and the first blocks; the last stage the other blocks, fc2 and the loss. A stage
 sends its activations to the next one and gets their gradients back (point-to-point, no collective); the schedule
 (--pp-schedule) orders the micro-batches' forwards and backwards, and the ranks idle while the pipeline fills and
 drains: the bubble. The ranks of a pipeline read the SAME batch. From the course folder:
-    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 07_pipeline_parallel/mnist_ppmodel.py \
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 trainer/train.py --parallel pp \
         --pp-schedule 1f1b --data synthetic --train-samples 6000 --test-samples 500 --epochs 2 --num-workers 0 \
         --lr 0.5
 """
@@ -14,8 +13,8 @@ import socket
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # stages.py, also when this file is imported from elsewhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` (trainer/train.py imports this module)
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "07_pipeline_parallel"))  # lesson 07's stages.py, torch_floor.py
 
 import torch
 import torch.distributed as dist
@@ -38,7 +37,6 @@ from common.data import load_mnist
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
 from common.early_stopping import should_stop
 from common.errors import CourseError
-from common.exits import run
 from common.files import atomic_save, replace_folder, work_in_course_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
@@ -52,7 +50,7 @@ from common.signals import StopSignals
 from stages import Stage, check_resume, init_weights, replicas, stage_blocks
 from torch_floor import require_torch_2_10
 
-LESSON = "07_pipeline_parallel"
+LESSON = "trainer-pp"  # the checkpoints' signature, and the default runs/trainer-pp
 # name: (schedule, stages per rank). With 2 per rank, pp-rank r holds stages r and r + pp (the "loop" placement).
 # ScheduleZBVZeroBubble (a V: stages r and 2 pp - 1 - r) trains too, but its eval() fails in torch 2.14.1.
 SCHEDULES = {"gpipe": (ScheduleGPipe, 1), "1f1b": (Schedule1F1B, 1), "interleaved": (ScheduleInterleaved1F1B, 2),
@@ -309,6 +307,3 @@ def main(argv=None):
         dist.destroy_process_group()  # inside the `with`: a late SIGUSR1 is written down, not the end of the process
     return history.record  # the numbers of metrics.json, e.g. for a notebook
 
-
-if __name__ == "__main__":
-    run(main)

@@ -1,7 +1,7 @@
-r"""Lesson 02: the classic MNIST CNN on ONE device: a GPU if there is one, else the CPU.
+r"""The trainer's --parallel single: the classic MNIST CNN on ONE device (lesson 02's loop).
 
 This is the baseline every later lesson changes as little as possible. From the course folder (README.md):
-    python 02_singlegpu_training/mnist_singlegpu.py --train-samples 2000 --test-samples 1000 \
+    python trainer/train.py --parallel single --train-samples 2000 --test-samples 1000 \
         --epochs 2 --num-workers 0 --output-dir runs/02-first
 """
 import os
@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` (trainer/train.py imports this module)
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,6 @@ from common.config import save_config
 from common.data import load_mnist
 from common.distributed import pick_device
 from common.early_stopping import should_stop
-from common.exits import run
 from common.files import atomic_save, work_in_course_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
@@ -36,7 +35,7 @@ from common.position import Position, steps_per_epoch
 from common.signals import StopSignals
 from common.warmup import warm_up
 
-LESSON = "02_singlegpu_training"
+LESSON = "trainer-single"  # the checkpoints' signature, and the default runs/trainer-single
 
 
 def train(args, model, device, train_loader, optimizer, scheduler, position, stop, amp_dtype, scaler):
@@ -191,6 +190,3 @@ def main(argv=None):
     history.close()
     return history.record  # the numbers of metrics.json, e.g. for a notebook
 
-
-if __name__ == "__main__":
-    run(main)

@@ -1,10 +1,10 @@
-r"""Lesson 06: tensor parallelism (TP) inside groups of --tp processes, FSDP2 across the groups: a 2-D mesh.
+r"""The trainer's --parallel tp and 2d: tensor parallelism in groups of --tp processes, FSDP2 across them (lesson 06).
 
 The head's blocks are Megatron pairs: `up` is cut by output columns, `down` by input rows, so each rank of a
 TP group computes a slice of every block and one all-reduce per block joins the slices. The ranks of a TP
 group train on the SAME batch; the groups split the data and shard the weights with fully_shard, as in
 lesson 05. From the course folder:
-    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=4 06_tensor_parallel/mnist_tpmodel.py --tp 2 \
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=4 trainer/train.py --parallel tp --tp 2 \
         --blocks 2 --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --num-workers 0
 """
 import logging
@@ -14,7 +14,7 @@ import socket
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` without pip install
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` (trainer/train.py imports this module)
 
 import torch
 import torch.distributed as dist
@@ -36,7 +36,6 @@ from common.data import load_mnist
 from common.distributed import init_timeout, launch_env, pick_device, restart_safe_store
 from common.early_stopping import should_stop
 from common.errors import CourseError
-from common.exits import run
 from common.files import atomic_save, replace_folder, work_in_course_folder
 from common.history import History
 from common.loaders import DeviceLoader, loader_options
@@ -49,7 +48,6 @@ from common.samplers import EvalSampler
 from common.signals import StopSignals
 from common.warmup import warm_up
 
-LESSON = "06_tensor_parallel"
 # torch 2.10+ logs a performance note when model_full.pt gathers a 2-D DTensor (two all-gathers): nothing to act on.
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 EXPAND = 4  # a block's up projection is EXPAND x hidden wide, as in a transformer's MLP
@@ -209,17 +207,19 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, position, history
     history.load_state_dict(checkpoint["history"], position.epoch)
 
 
-def main(argv=None):
+def main(argv=None, parallel="2d"):
+    """--parallel tp: one TP group of every process (--tp defaults to their number); 2d: --tp 2 by default."""
     work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
-    parser = base_parser(LESSON, "Lesson 06: MNIST with tensor parallelism inside FSDP2 (a 2-D mesh)")
-    parser.add_argument("--tp", type=positive_int, default=2,
+    lesson = f"trainer-{parallel}"  # the checkpoints' signature, and the default runs/trainer-tp or runs/trainer-2d
+    parser = base_parser(lesson, "Lesson 06: MNIST with tensor parallelism inside FSDP2 (a 2-D mesh)")
+    parser.add_argument("--tp", type=positive_int, default=launch_env().world_size if parallel == "tp" else 2,
                         help="tensor-parallel degree: processes per TP group; data-parallel degree = processes / "
-                             "TP (default: 2; 1 is lesson 05's FSDP2)")
+                             "TP (default: every process under --parallel tp, 2 under 2d; 1 is FSDP2)")
     args = parse(parser, argv)
     hidden = args.hidden or 128 * args.width
     if EXPAND * hidden % args.tp:  # ColwiseParallel cuts the EXPAND x hidden features evenly
         parser.error(f"argument --tp: must divide the {EXPAND} x {hidden} features of a block, got {args.tp}")
-    checkpoints = CheckpointDir(args, LESSON, sharded=True)
+    checkpoints = CheckpointDir(args, lesson, sharded=True)
     resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables
@@ -274,7 +274,7 @@ def main(argv=None):
     scheduler = make_scheduler(args, optimizer, steps_per_epoch(train_loader, args))  # --schedule (default: lr x 0.7 every epoch)
     # a collective: every rank calls it (its steps are training steps)
     warmup_s = warm_up(model, optimizer, train_loader, device, args, amp_dtype)  # one-off costs, timed apart, then undone
-    position, history = Position(), History(args, LESSON, device, warmup_seconds=warmup_s)
+    position, history = Position(), History(args, lesson, device, warmup_seconds=warmup_s)
     if resume:  # --resume auto: the newest good checkpoint
         load_checkpoint(resume, model, optimizer, scheduler, scaler, position, history, checkpoints, device)
     save_config(args, f"{args.output_dir}/config.yaml")  # --config this file replays the run
@@ -310,6 +310,3 @@ def main(argv=None):
         dist.destroy_process_group()  # inside the `with`: a late SIGUSR1 is written down, not the end of the process
     return history.record  # the numbers of metrics.json, e.g. for a notebook
 
-
-if __name__ == "__main__":
-    run(main)
