@@ -62,7 +62,7 @@ def creatable_folder(path) -> str | None:
 
 
 def work_in_course_folder() -> None:
-    """Make every relative path (data/, runs/, flags, --config) the course folder's, wherever the lesson (or trainer/) was started:
+    """Make every relative path (data/, runs/, flags, --config) the course folder's, wherever the lesson was started:
     no second data/ or runs/ beside the script. The script's own course, not the one `common` came from. Each
     script's main calls it first, before parsing its flags; outside a lesson script (a notebook, pytest) it does
     nothing."""

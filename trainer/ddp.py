@@ -11,7 +11,7 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` (trainer/train.py imports this module)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common`
 
 import torch
 import torch.distributed as dist

@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` (trainer/train.py imports this module)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common`
 
 import torch
 import torch.nn as nn

@@ -13,8 +13,8 @@ import socket
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` (trainer/train.py imports this module)
-sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "07_pipeline_parallel"))  # lesson 07's stages.py, torch_floor.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common`
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "07_pipeline_parallel"))  # lesson 07's stages
 
 import torch
 import torch.distributed as dist

@@ -14,7 +14,7 @@ import socket
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common` (trainer/train.py imports this module)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the course folder: `common`
 
 import torch
 import torch.distributed as dist
