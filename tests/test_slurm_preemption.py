@@ -47,7 +47,7 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 def submit(cluster, workdir, cpus, env, args):
     """sbatch trainer/slurm_train.sh --parallel ddp ARGS as a learner would, from the course folder; outputs under
     workdir (OUTPUT_ROOT). The torchrun shape runs one task per node."""
-    full_env = {k: v for k, v in cluster.env.items() if k not in (*LEAKY, "TRAINER_LAUNCHER")}
+    full_env = {k: v for k, v in cluster.env.items() if k not in LEAKY}
     full_env.update(env, OUTPUT_ROOT=str(workdir / "runs"))
     per_node = ["--ntasks-per-node=1"] if env.get("TRAINER_LAUNCHER") == "torchrun" else []
     cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--cpus-per-task={cpus}", *per_node, str(SCRIPT),

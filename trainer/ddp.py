@@ -3,7 +3,7 @@ r"""The trainer's --parallel ddp: DistributedDataParallel, one process per GPU o
 Every process holds a full replica, trains on its own shard of the data, and DDP all_reduces
 the gradients during backward, so all replicas take the same optimizer step. From the course folder:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 trainer/train.py --parallel ddp --data synthetic \
-        --train-samples 4000 --test-samples 1000 --epochs 2 --num-workers 0 --output-dir runs/04-first
+        --train-samples 4000 --test-samples 1000 --epochs 2 --num-workers 0
 """
 import signal
 import socket

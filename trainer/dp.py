@@ -4,7 +4,7 @@ Each batch is split across the GPUs, replicas of the model run the pieces in thr
 outputs and gradients are gathered back on GPU 0. Easy to add, slow to scale (03_dp_training/README.md).
 From the course folder:
     python trainer/train.py --parallel dp --train-samples 4000 --test-samples 1000 \
-        --epochs 1 --num-workers 0 --output-dir runs/03-first
+        --epochs 1 --num-workers 0
 """
 import signal
 import sys

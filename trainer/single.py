@@ -1,8 +1,8 @@
 r"""The trainer's --parallel single: the classic MNIST CNN on ONE device (lesson 02's loop).
 
-This is the baseline every later lesson changes as little as possible. From the course folder (README.md):
+The baseline the other strategies change as little as possible. From the course folder (trainer/README.md):
     python trainer/train.py --parallel single --train-samples 2000 --test-samples 1000 \
-        --epochs 2 --num-workers 0 --output-dir runs/02-first
+        --epochs 2 --num-workers 0
 """
 import os
 import signal

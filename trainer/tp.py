@@ -4,7 +4,7 @@ The head's blocks are Megatron pairs: `up` is cut by output columns, `down` by i
 TP group computes a slice of every block and one all-reduce per block joins the slices. The ranks of a TP
 group train on the SAME batch; the groups split the data and shard the weights with fully_shard, as in
 lesson 05. From the course folder:
-    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=4 trainer/train.py --parallel tp --tp 2 \
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=4 trainer/train.py --parallel 2d --tp 2 \
         --blocks 2 --data synthetic --train-samples 2000 --test-samples 500 --epochs 2 --num-workers 0
 """
 import logging
