@@ -30,7 +30,8 @@ import pytest
 
 from bad_input_runs import (Context, leftovers, make_artifacts, prepare, problems, run_in_process,
                             torchrun_report_problems)
-from bad_inputs import LESSONS, ROOT, SCRIPTS, ZERO_ALLOWED, build_table, lesson_parser, load_script, numeric_flags
+from bad_inputs import (LESSONS, ROOT, ZERO_ALLOWED, build_table, command_line, lesson_parser, load_script,
+                        numeric_flags)
 
 pytestmark = pytest.mark.timeout(300)  # the first test also pays for the module's setup (artifacts, launches)
 TABLE = build_table()
@@ -49,7 +50,7 @@ def params(mode):
 
 
 def command(launcher, case, ctx):
-    script = [str(SCRIPTS[case.script]), *ctx.resolve(case, case.argv)]
+    script = [*command_line(case.script), *ctx.resolve(case, case.argv)]
     if launcher == "python":
         return [sys.executable, *script]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *script]
@@ -148,7 +149,8 @@ def test_the_lesson_parser_has_every_shared_flag_with_the_shared_checks(lesson):
     from common.cli import base_parser
 
     mine = {action.dest: action for action in lesson_parser(lesson)._actions}
-    for shared in base_parser(load_script(lesson).LESSON, "")._actions:
+    name = Path(mine["output_dir"].default).name  # runs/NAME: trainer-<parallel> (tp.py names it per --parallel)
+    for shared in base_parser(name, "")._actions:
         assert shared.dest in mine, f"lesson {lesson} lacks {shared.option_strings}"
         for attr in ("option_strings", "type", "choices", "default", "nargs", "const", "required"):
             if attr == "default" and shared.dest in OWN_DEFAULTS.get(lesson, ()):
