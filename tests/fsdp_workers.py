@@ -16,7 +16,7 @@ from torch.distributed.fsdp import fully_shard
 
 from common.cli import base_parser
 from common.model import Net
-from common.optim import make_optimizer, make_scheduler
+from trainer.optim import make_optimizer, make_scheduler
 from common.position import Position
 from common.signals import StopSignals
 

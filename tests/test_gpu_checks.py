@@ -16,7 +16,7 @@ import torch
 
 from lessons import ROOT, metrics, trainer
 
-from common.amp import autocast_dtype
+from trainer.amp import autocast_dtype
 from common.distributed import pick_device
 from common.errors import CourseError
 from common.gpus import slurm_gpus
@@ -282,7 +282,7 @@ def test_a_float16_step_that_overflows_is_skipped(tmp_path):
     the gradients overflow skips the optimizer step (weights unchanged) and halves the scale; a sane one trains."""
     from common.cli import base_parser
     from common.model import Net
-    from common.optim import make_optimizer, make_scheduler
+    from trainer.optim import make_optimizer, make_scheduler
     from common.position import Position
     from common.signals import StopSignals
     from trainer import single as lesson

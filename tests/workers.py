@@ -60,7 +60,7 @@ def lr_per_step(argv, steps_per_epoch):
     from types import SimpleNamespace
 
     from common.model import Net
-    from common.optim import make_optimizer, make_scheduler
+    from trainer.optim import make_optimizer, make_scheduler
     dist.init_process_group("gloo")
     args = SimpleNamespace(**argv)
     optimizer = make_optimizer(args, Net().parameters(), dist.get_world_size())

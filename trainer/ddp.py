@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common.amp import autocast_dtype
+from trainer.amp import autocast_dtype
 from common.checkpoints import CheckpointDir
 from common.cli import base_parser, parse
 from common.config import save_config
@@ -35,11 +35,11 @@ from common.loaders import DeviceLoader, loader_options
 from common.log import log0, log_all
 from common.metrics import EpochMeter
 from common.model import Net, model_flags
-from common.optim import make_optimizer, make_scheduler
+from trainer.optim import make_optimizer, make_scheduler
 from common.position import Position, steps_per_epoch
 from common.samplers import EvalSampler
 from common.signals import StopSignals
-from common.warmup import warm_up
+from trainer.warmup import warm_up
 
 LESSON = "trainer-ddp"  # the checkpoints' signature, and the default runs/trainer-ddp
 

@@ -24,7 +24,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import distribute_tensor
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common.amp import autocast_dtype
+from trainer.amp import autocast_dtype
 from common.checkpoints import CheckpointDir
 from common.cli import base_parser, parse
 from common.config import save_config
@@ -38,11 +38,11 @@ from common.loaders import DeviceLoader, loader_options
 from common.log import log0, log_all
 from common.metrics import EpochMeter
 from common.model import Net, count_parameters, model_flags
-from common.optim import make_optimizer, make_scheduler
+from trainer.optim import make_optimizer, make_scheduler
 from common.position import Position, steps_per_epoch
 from common.samplers import EvalSampler
 from common.signals import StopSignals
-from common.warmup import warm_up
+from trainer.warmup import warm_up
 
 LESSON = "trainer-fsdp2"  # the checkpoints' signature, and the default runs/trainer-fsdp2
 

@@ -29,7 +29,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from common.amp import autocast_dtype
+from trainer.amp import autocast_dtype
 from common.checkpoints import CheckpointDir
 from common.cli import base_parser, parse, positive_int
 from common.config import save_config
@@ -43,7 +43,7 @@ from common.loaders import DeviceLoader, loader_options
 from common.log import log0, log_all, plural
 from common.metrics import EpochMeter
 from common.model import Net, count_parameters, model_flags
-from common.optim import make_optimizer, make_scheduler
+from trainer.optim import make_optimizer, make_scheduler
 from common.position import Position, steps_per_epoch
 from common.samplers import EvalSampler
 from common.signals import StopSignals

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
-from common.amp import autocast_dtype
+from trainer.amp import autocast_dtype
 from common.checkpoints import CheckpointDir
 from common.cli import base_parser, parse
 from common.config import save_config
@@ -30,10 +30,10 @@ from common.loaders import DeviceLoader, loader_options
 from common.log import log0
 from common.metrics import EpochMeter
 from common.model import Net, model_flags
-from common.optim import make_optimizer, make_scheduler
+from trainer.optim import make_optimizer, make_scheduler
 from common.position import Position, steps_per_epoch
 from common.signals import StopSignals
-from common.warmup import warm_up
+from trainer.warmup import warm_up
 
 LESSON = "trainer-single"  # the checkpoints' signature, and the default runs/trainer-single
 

@@ -28,7 +28,7 @@ from torch.distributed.tensor import distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common.amp import autocast_dtype
+from trainer.amp import autocast_dtype
 from common.checkpoints import CheckpointDir
 from common.cli import base_parser, parse, positive_int
 from common.config import save_config
@@ -42,11 +42,11 @@ from common.loaders import DeviceLoader, loader_options
 from common.log import log0, log_all, plural
 from common.metrics import EpochMeter
 from common.model import Net, count_parameters, model_flags
-from common.optim import make_optimizer, make_scheduler
+from trainer.optim import make_optimizer, make_scheduler
 from common.position import Position, steps_per_epoch
 from common.samplers import EvalSampler
 from common.signals import StopSignals
-from common.warmup import warm_up
+from trainer.warmup import warm_up
 
 # torch 2.10+ logs a performance note when model_full.pt gathers a 2-D DTensor (two all-gathers): nothing to act on.
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
