@@ -92,7 +92,7 @@ def train(model, device, train_loader, optimizer):
     for data, target in train_loader:
         data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
         optimizer.zero_grad()
-        loss = F.nll_loss(model(data), target)
+        loss = F.nll_loss(model(data), target)  # a collective: FSDP all-gathers each unit for its forward
         loss.backward()  # FSDP all-gathers each unit again, then reduce-scatters (averages) its gradients
         optimizer.step()
 
