@@ -73,7 +73,8 @@ TOLERANCE = {"accuracy": 0.02,  # absolute: 2 points of accuracy; the correct co
 # within half the tolerance, because another host moves further than a forced kernel setting does (docs/tests.md,
 # "Digits across CPUs": an AMD EPYC AVX2 host put four blocks outside the tolerance that forced kernels had kept in).
 HEADROOM = {kind: limit / 2 for kind, limit in TOLERANCE.items()}
-VARIES = re.compile(r"(?<=accuracy )\d+\.\d+|(?<=loss )\d+\.\d+|(?<=\()\d+(?=/\d+\))")
+# the lessons' "accuracy 913/1001" is a correct count too
+VARIES = re.compile(r"(?<=accuracy )\d+\.\d+|(?<=loss )\d+\.\d+|(?<=\()\d+(?=/\d+\))|(?<=accuracy )\d+(?=/\d+)")
 
 
 @dataclass
@@ -169,8 +170,8 @@ def _pattern(masked: str, tolerant: bool = False):
         parts.append(".*".join(map(re.escape, masked[at:number.start()].split("..."))))
         parts.append(r"(\d+(?:\.\d+)?)")
         before = masked[:number.start()]
-        kinds.append("loss" if before.endswith("loss ") else "accuracy" if before.endswith("accuracy ") else
-                     int(re.match(r"/(\d+)", masked[number.end():]).group(1)))
+        of = re.match(r"/(\d+)", masked[number.end():])  # a count: "(913/1001)", or "accuracy 913/1001"
+        kinds.append(int(of.group(1)) if of else "loss" if before.endswith("loss ") else "accuracy")
         at = number.end()
     parts.append(".*".join(map(re.escape, masked[at:].split("..."))))
     return re.compile("".join(parts)), kinds
