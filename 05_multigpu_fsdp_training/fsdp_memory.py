@@ -4,7 +4,8 @@
     torchrun ... fsdp_memory.py --blocks 8 --hidden 2048 --checkpoint-activations      # add any tool flag below
     torchrun ... fsdp_memory.py --sweep "blocks=0,8,32;hidden=2048;tools=ddp,fsdp,checkpoint-activations"
 
-The model is built exactly as mnist_fsdpmodel.py builds it (meta device, one fully_shard per unit, its init_weights).
+The model is lesson 05's, sharded by unit as mnist_fsdpmodel.py shards it, but built on the meta device: no rank ever
+holds the whole model (init_weights below fills each rank's shards with what `torch.manual_seed(seed); Net()` draws).
 After --steps AdamW steps on random MNIST-shaped batches, every rank prints one JSON line: the bytes of parameters,
 gradients and optimizer state it really holds, its peak GPU memory and its median seconds per step.
   --checkpoint-activations    keep only each block's INPUT, recompute its activations in backward: less memory, +1 forward
@@ -17,7 +18,6 @@ steps, tools; a tools value joins flags with +, `fsdp` is none of them); `|` sep
 """
 import argparse
 import gc
-import importlib.util
 import itertools
 import json
 import statistics
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.cli import Parser, count, positive_int
@@ -43,16 +43,27 @@ from common.exits import run
 from common.files import work_in_course_folder
 from common.model import Net, count_parameters, model_flags
 
-# Lesson 05 itself, for its init_weights: importing it runs nothing (its main() waits for `__name__ == "__main__"`).
-_spec = importlib.util.spec_from_file_location("mnist_fsdpmodel", Path(__file__).with_name("mnist_fsdpmodel.py"))
-lesson05 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lesson05)
-
 TOOLS = ("checkpoint-activations", "no-reshard-after-forward", "cpu-offload", "prefetch", "ddp")
 SWEEP_KEYS = ("width", "blocks", "hidden", "batch_size", "steps")
 CPU_NOTE = ("on CPU: no peak memory (torch.cuda.max_memory_allocated counts GPU memory only), and held MiB counts "
             "weights, gradients and AdamW state, not activations or gathered units: --checkpoint-activations, "
             "--no-reshard-after-forward and --prefetch change only s/step here; their memory shows on GPUs")
+
+
+@torch.no_grad()
+def init_weights(model, args):
+    """What `torch.manual_seed(seed); Net()` draws, one module at a time, each rank keeping its piece."""
+    torch.manual_seed(args.seed)
+    with torch.device("meta"):
+        twin = Net(**model_flags(args))  # an unsharded twin, shapes only
+    owners = [[m for m in net.modules() if list(m.parameters(recurse=False))] for net in (model, twin)]
+    for sharded, full in zip(*owners):  # conv1, conv2, fc1, the blocks, fc2: the order Net() drew them
+        full.to_empty(device="cpu", recurse=False)  # this module's full tensors for a moment, never the whole model
+        full.reset_parameters()  # the module's own initialisation, as in Net()
+        for shard, value in zip(sharded.parameters(recurse=False), full.parameters(recurse=False)):
+            shard.to_local().copy_(distribute_tensor(value, shard.device_mesh, shard.placements,
+                                                     src_data_rank=None).to_local())  # cut my piece, no messages
+        full.to_empty(device="meta", recurse=False)  # and free it
 
 
 def build(args, device, mesh):
@@ -61,7 +72,7 @@ def build(args, device, mesh):
         torch.manual_seed(args.seed)
         model = Net(**model_flags(args))  # real tensors: init_weights draws these very values for FSDP
     else:
-        with torch.device("meta"):  # shapes only, as in the lesson
+        with torch.device("meta"):  # shapes only: no memory, no values
             model = Net(**model_flags(args))
     if args.checkpoint_activations:  # BEFORE fully_shard: the wrapper sits inside the unit that gathers its weights
         model.features = checkpoint_wrapper(model.features)  # the conv outputs, the largest activations at --width 8
@@ -75,7 +86,7 @@ def build(args, device, mesh):
         options["reshard_after_forward"] = False
     if args.cpu_offload:  # sharded weights, gradients and AdamW state live in (pinned) CPU memory
         options["offload_policy"] = CPUOffloadPolicy()  # each all-gather starts with a host-to-device copy
-    units = [model.features, model.fc1, *model.blocks, model.fc2]  # lesson 05's units
+    units = [model.features, model.fc1, *model.blocks, model.fc2]  # lesson 05's units, and each block
     for unit in [*units, model]:  # then the root
         fully_shard(unit, mesh=mesh, **options)
     if args.prefetch:  # the next unit's all-gather is issued while this unit computes
@@ -83,7 +94,7 @@ def build(args, device, mesh):
             this.set_modules_to_forward_prefetch([after])
             after.set_modules_to_backward_prefetch([this])  # backward runs the units in reverse
     model.to_empty(device="cpu" if args.cpu_offload else device)  # this rank's shards, where they will live
-    lesson05.init_weights(model, args)  # the values `torch.manual_seed(seed); Net()` draws, as in lesson 05
+    init_weights(model, args)  # the values `torch.manual_seed(seed); Net()` draws (above)
     return model
 
 

@@ -3,11 +3,11 @@
 #
 #   cd <the course folder>                       # ALWAYS submit from here: the job finds the course by it
 #   mkdir -p logs                                # once: Slurm does not create logs/
-#   sbatch 05_multigpu_fsdp_training/slurm_submit_fsdp.sh --epochs 3 --width 4
+#   sbatch 05_multigpu_fsdp_training/slurm_submit_fsdp.sh --epochs 3
 #   sbatch -A my_account -p my_partition 05_multigpu_fsdp_training/slurm_submit_fsdp.sh
 #
 # Arguments after the script name go to mnist_fsdpmodel.py. Log: logs/fsdp-<jobid>.out;
-# metrics and checkpoints: runs/fsdp-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
+# checkpoints: runs/fsdp-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
 # Shape: 1 node, 1 task: torchrun, which starts one process per GPU (--nproc_per_node is read
 # from the GPUs Slurm gave). More GPUs: change --gpus-per-node (and --cpus-per-task) only.
 # More nodes: see slurm_submit_ddp_multinode.sh. Help and troubleshooting: slurm/README.md.
@@ -19,11 +19,9 @@
 #SBATCH --cpus-per-task=8          # CPUs for ALL processes of the node, split between them below
 #SBATCH --time=00:30:00
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
-# Time limit and preemption: Slurm sends SIGUSR1 120-180 s before the time limit to the processes of the
-# job's steps (srun; B:USR1@120 would signal only this batch shell, for scripts that trap it themselves).
-# They save a checkpoint and requeue the job, which keeps its id and resumes (slurm/README.md, "Time limits").
-#SBATCH --signal=USR1@120          # raise the 120 if saving a checkpoint takes longer than a minute
-#SBATCH --requeue                  # the job may go back to the queue: on preemption, or by itself on SIGUSR1
+# Preemption: a requeued job keeps its id and continues from its last finished epoch (--resume auto below).
+# A checkpoint on Slurm's warning before the time limit (--signal=USR1@120) is the trainer's: trainer/README.md.
+#SBATCH --requeue                  # the job may go back to the queue on preemption
 #SBATCH --open-mode=append         # a requeued run appends to the same log instead of overwriting it
 set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
 source "${SLURM_SUBMIT_DIR:?submit with sbatch from the course folder}/slurm/job_env.sh"  # shared set-up; sites: slurm/site.sh
@@ -33,10 +31,9 @@ split_cpus_for_torchrun  # NPROC_PER_NODE: one process per GPU (or yours); CPUS_
 echo "== 1 task (torchrun) | GPUs ${SLURM_GPUS_ON_NODE:-0} | processes $NPROC_PER_NODE | CPUs ${SLURM_CPUS_PER_TASK:-1}, per process $CPUS_PER_PROC (DataLoader workers $NUM_WORKERS)"
 echo "== rendezvous: localhost, a free port (torchrun --standalone)"
 
-# srun, although one task needs no launcher: the signals Slurm sends a job (--signal above, `scancel
-# --signal`) reach the processes of its srun steps, not this batch shell or what it runs itself.
-# trap "" USR1: SIGUSR1 would kill torchrun; exec passes the ignore on to it and its workers, whose own handler replaces it.
+# srun, although one task needs no launcher: `scancel` and Slurm's signals reach the processes of the job's
+# srun steps, not this batch shell or what it runs itself.
 # --resume auto: continue from the newest checkpoint in OUTPUT_DIR (after a requeue), else start fresh.
-srun --kill-on-bad-exit=1 --ntasks=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" bash -c 'trap "" USR1; exec "$@"' _ \
+srun --kill-on-bad-exit=1 --ntasks=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
     torchrun --standalone --nproc_per_node="$NPROC_PER_NODE" \
     "$COURSE_DIR/05_multigpu_fsdp_training/mnist_fsdpmodel.py" --num-workers "$NUM_WORKERS" --output-dir "$OUTPUT_DIR" --resume auto "$@"

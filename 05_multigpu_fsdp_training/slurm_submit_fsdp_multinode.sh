@@ -1,7 +1,8 @@
 #!/bin/bash
-# Lesson 05 on Slurm, several nodes, HSDP: srun starts ONE torchrun per node, each torchrun starts one
-# process per GPU of its node, the torchruns meet on the first node, and --hsdp builds the 2-D mesh
-# (nodes, GPUs per node): parameters sharded over the GPUs of a node, replicated across the nodes.
+# Lesson 05 on Slurm, several nodes: srun starts ONE torchrun per node, each torchrun starts one process per
+# GPU of its node, the torchruns meet on the first node, and the lesson's 1-D mesh shards over ALL of them.
+# HSDP (sharded within a node, replicated across nodes) is the trainer's: trainer/train.py --parallel fsdp2
+# --hsdp (trainer/README.md).
 #
 #   cd <the course folder>                       # ALWAYS submit from here: the job finds the course by it
 #   mkdir -p logs                                # once: Slurm does not create logs/
@@ -9,9 +10,9 @@
 #   sbatch --nodes=4 -A my_account -p my_partition 05_multigpu_fsdp_training/slurm_submit_fsdp_multinode.sh
 #
 # Arguments after the script name go to mnist_fsdpmodel.py. Log: logs/fsdp-multinode-<jobid>.out;
-# metrics and checkpoints: runs/fsdp-multinode-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
+# checkpoints: runs/fsdp-multinode-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
 # World size = nodes x GPUs per node. Change --nodes and --gpus-per-node; nothing else.
-# Plain FSDP over all GPUs of all nodes instead: remove --hsdp below. Help and troubleshooting: slurm/README.md.
+# Help and troubleshooting: slurm/README.md.
 #SBATCH --job-name=fsdp-multinode
 #SBATCH --nodes=2                  # nodes; each runs one torchrun
 #SBATCH --ntasks-per-node=1        # ONE task per node: torchrun, which starts the per-GPU processes itself
@@ -20,11 +21,9 @@
 #SBATCH --cpus-per-task=8          # CPUs per node for ALL its processes, split between them below
 #SBATCH --time=00:30:00
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
-# Time limit and preemption: Slurm sends SIGUSR1 120-180 s before the time limit to the processes of the
-# job's steps (srun; B:USR1@120 would signal only this batch shell, for scripts that trap it themselves).
-# They save a checkpoint and requeue the job, which keeps its id and resumes (slurm/README.md, "Time limits").
-#SBATCH --signal=USR1@120          # raise the 120 if saving a checkpoint takes longer than a minute
-#SBATCH --requeue                  # the job may go back to the queue: on preemption, or by itself on SIGUSR1
+# Preemption: a requeued job keeps its id and continues from its last finished epoch (--resume auto below).
+# A checkpoint on Slurm's warning before the time limit (--signal=USR1@120) is the trainer's: trainer/README.md.
+#SBATCH --requeue                  # the job may go back to the queue on preemption
 #SBATCH --open-mode=append         # a requeued run appends to the same log instead of overwriting it
 set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
 source "${SLURM_SUBMIT_DIR:?submit with sbatch from the course folder}/slurm/job_env.sh"  # shared set-up; sites: slurm/site.sh
@@ -36,10 +35,8 @@ echo "== rendezvous $MASTER_ADDR:$MASTER_PORT (c10d, id $SLURM_JOB_ID)"
 
 # --ntasks/--ntasks-per-node: exactly one torchrun per node, whatever the #SBATCH lines say.
 # --cpus-per-task again: from Slurm 22.05 on, srun may not inherit it from sbatch.
-# trap "" USR1: SIGUSR1 would kill torchrun; exec passes the ignore on to it and its workers, whose own handler replaces it.
 # --resume auto: continue from the newest checkpoint in OUTPUT_DIR (after a requeue), else start fresh.
 srun --kill-on-bad-exit=1 --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
-    bash -c 'trap "" USR1; exec "$@"' _ \
     torchrun --nnodes="$SLURM_NNODES" --nproc_per_node="$NPROC_PER_NODE" \
     --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv_id="$SLURM_JOB_ID" \
-    "$COURSE_DIR/05_multigpu_fsdp_training/mnist_fsdpmodel.py" --hsdp --num-workers "$NUM_WORKERS" --output-dir "$OUTPUT_DIR" --resume auto "$@"
+    "$COURSE_DIR/05_multigpu_fsdp_training/mnist_fsdpmodel.py" --num-workers "$NUM_WORKERS" --output-dir "$OUTPUT_DIR" --resume auto "$@"

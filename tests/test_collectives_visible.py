@@ -112,6 +112,22 @@ def test_the_trainers_fsdp2_marks_every_collective_it_runs_through_common(tmp_pa
     assert {c["through"] for c in calls if c["through"] in FSDP} == FSDP
 
 
+def test_lesson_05_marks_every_collective_it_runs_through_common(tmp_path, synthetic_dir):
+    """The teaching script: the data barrier, and FSDP's all-gathers inside Net.forward's units (how many depends on
+    torch's prefetching, so only where they come from is checked). No stop votes or meters: those are the trainer's."""
+    recorded = record("05", tmp_path, synthetic_dir, lesson_script=True)
+    calls, text = recorded[0], SCRIPTS["05"].read_text()
+    assert calls and [[(c["collective"], c["through"], c["first_line"]) for c in r] for r in recorded[1:]] == \
+        [[(c["collective"], c["through"], c["first_line"]) for c in calls]]  # every rank, the same calls
+    assert {Path(c["file"]) for c in calls} == {SCRIPTS["05"]} and unmarked(text, calls) == []
+    assert Counter((c["collective"], c["through"]) for c in calls if c["through"] not in FSDP) == \
+        {("barrier", "data.load_mnist"): 1}
+    assert {c["through"] for c in calls if c["through"] in FSDP} == {"model.Net.forward"}
+    forwards = {c["first_line"]: c for c in calls if c["through"] == "model.Net.forward"}
+    for call in forwards.values():  # marked by its comment ("a collective"): without it, the check names the line
+        assert unmarked(without_comments(text, call), calls) == sorted({site(c) for c in calls
+                                                                        if c["first_line"] == call["first_line"]})
+
 
 def test_the_trainers_pp_marks_every_collective_it_runs_through_common(tmp_path, synthetic_dir):
     """2 ranks: one pipeline of 2 stages (dp 1, no FSDP). The stages' sends and receives are torch's own

@@ -18,24 +18,21 @@ def torchrun(script, nproc: int, *args):
 
 
 def test_ex1_a_checkpoint_of_2_ranks_loads_on_3_with_the_same_weights(synthetic_dir, tmp_path):
-    flags = ["--data", "synthetic", "--data-dir", synthetic_dir, "--train-samples", 256, "--test-samples", 101,
-             "--epochs", 1, "--num-workers", 0]
-    trained = run_script("05", *flags, "--output-dir", tmp_path / "two", nproc=2)
+    flags = ["--data", "synthetic", "--data-dir", synthetic_dir, "--test-samples", 101]
+    trained = run_script("05", *flags, "--train-samples", 256, "--epochs", 1, "--num-workers", 0,
+                         "--output-dir", tmp_path, nproc=2)
     assert_clean(trained)
-    checkpoint = tmp_path / "two" / "checkpoints" / "ckpt-e0001-s0000000"
+    checkpoint = tmp_path / "checkpoints" / "05-epoch-001"
     assert sorted(p.name for p in checkpoint.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    proc = run_script("05", *flags, "--resume", checkpoint, "--output-dir", tmp_path / "three", nproc=3)
+    proc = torchrun(SOLUTIONS / "same_weights.py", 3, checkpoint, *flags)
     assert_clean(proc)
-    assert "nothing to train: the checkpoint has finished 1 epoch and --epochs is 1" in proc.stdout
-    assert "lesson 05: 3 processes, mesh (3,)," in proc.stdout
-    proc = subprocess.run([sys.executable, SOLUTIONS / "same_weights.py", tmp_path / "two", tmp_path / "three"],
-                          capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
-    assert_clean(proc)
-    assert f"OK: {tmp_path / 'three'}/model_full.pt equals {tmp_path / 'two'}/model_full.pt: all 8 tensors, bit for " \
-           f"bit\n" in proc.stdout, proc.stdout
-    printed = re.search(r"^epoch 1 \|.*\| test_accuracy (\S+) \((\d+)/101\)", trained.stdout, re.M)
-    assert f"scores {printed.group(2)}/101 on the test set, what the run printed for epoch 1 (test_accuracy " \
-           f"{printed.group(1)})" in proc.stdout, proc.stdout
+    rows = sorted(re.findall(r"^\[rank (\d)\] loaded my shards: fc1.weight rows (\d+) of 128$", proc.stdout, re.M))
+    assert rows == [("0", "43"), ("1", "43"), ("2", "42")], proc.stdout  # torch.chunk: 43 + 43 + 42
+    assert "OK: loaded on 3 ranks and gathered, the weights equal the checkpoint's: all 8 tensors, bit for bit\n" \
+        in proc.stdout, proc.stdout
+    printed = re.search(r"^epoch 1: test loss \S+, accuracy (\d+)/101,", trained.stdout, re.M)
+    assert f"OK: a plain Net with these weights scores {printed.group(1)}/101 on the test set" in proc.stdout, \
+        (trained.stdout, proc.stdout)
 
 
 def test_ex2_each_rank_holds_its_rows_and_adamw_keeps_a_whole_step_counter():

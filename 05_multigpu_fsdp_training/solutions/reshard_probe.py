@@ -8,7 +8,6 @@ then counts the all-gathers and reduce-scatters of backward with CommDebugMode. 
 the tensors are counted instead. Writes nothing.
 """
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -26,18 +25,15 @@ from common.errors import CourseError
 from common.exits import run
 from common.model import Net
 
-LESSON = Path(__file__).resolve().parents[1] / "mnist_fsdpmodel.py"
 ALL_GATHER, REDUCE_SCATTER = torch.ops.c10d._allgather_base_, torch.ops.c10d._reduce_scatter_base_  # FSDP2's calls
 
 
-def probe(lesson, args, mesh, reshard_after_forward: bool) -> dict:
-    with torch.device("meta"):
-        model = Net(width=args.width, blocks=args.blocks, hidden=args.hidden)
+def probe(args, mesh, reshard_after_forward: bool) -> dict:
+    torch.manual_seed(args.seed)  # as in the lesson: the same weights on every rank, before each keeps its shard
+    model = Net(width=args.width, blocks=args.blocks, hidden=args.hidden)
     units = [model.features, model.fc1, *model.blocks, model.fc2]
     for unit in [*units, model]:  # the lesson's units, then the root
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    model.to_empty(device="cpu")
-    lesson.init_weights(model, args)
     loss = F.nll_loss(model(torch.randn(8, 1, 28, 28)), torch.randint(0, 10, (8,)))
     # Between forward and backward: a resharded unit's parameters are DTensor shards again; a kept one's are plain
     # full tensors (FSDP2 swaps the module's parameters when it gathers and when it frees).
@@ -51,13 +47,10 @@ def probe(lesson, args, mesh, reshard_after_forward: bool) -> dict:
 
 
 def main(argv=None):
-    spec = importlib.util.spec_from_file_location("mnist_fsdpmodel", LESSON)
-    lesson = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lesson)  # for its init_weights; importing the lesson runs nothing
     args = argparse.Namespace(seed=1, width=1, blocks=2, hidden=256)
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    results = {flag: probe(lesson, args, mesh, flag) for flag in (True, False)}
+    results = {flag: probe(args, mesh, flag) for flag in (True, False)}
     failed = []  # checked on rank 0
     if dist.get_rank() == 0:
         for flag, r in results.items():

@@ -1,74 +1,84 @@
-"""Exercise 1 of lesson 05: a checkpoint written by 2 ranks, loaded by 3 (or 1), holds the same model.
+"""Exercise 1 of lesson 05: a checkpoint written by 2 ranks, loaded by 3 (or any number), holds the same model.
 
-    python 05_multigpu_fsdp_training/solutions/same_weights.py runs/05_multigpu_fsdp_training runs/05-load-on-3
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=3 05_multigpu_fsdp_training/solutions/same_weights.py \
+        runs/05-first/checkpoints/05-epoch-002 --data synthetic --test-samples 1000
 
-The first folder is the run that wrote the checkpoint, the others are runs that only loaded it (lesson 05 with
---resume and the same --epochs: nothing left to train, so they load, reshard and export model_full.pt). Checks
-that every model_full.pt is the first one, tensor for tensor, bit for bit, and that a plain Net (no process
-group, no FSDP) with those weights scores on the run's test set exactly what the run printed in its last epoch.
-Reads the runs, writes nothing.
+Every rank shards a fresh Net the lesson's way and loads the checkpoint's "model" into its shards with dcp.load, as
+--resume does; the shards are then gathered onto rank 0 (get_model_state_dict with full_state_dict=True). Rank 0
+reads the same checkpoint once more without any process group (dcp.load with no_dist=True, into a plain Net), checks
+that the two are equal tensor for tensor, bit for bit, and scores that plain Net on the run's test set (the same
+--data, --data-dir and --test-samples as the run): what the run printed for the checkpoint's epoch. Writes nothing.
 """
-import argparse
-import json
 import sys
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the course folder: `common`
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader
 
-from common.cli import Parser
+from common.cli import lesson_parser
 from common.data import load_mnist
 from common.errors import CourseError
 from common.exits import run
-from common.files import work_in_course_folder
-from common.model import Net, model_flags
+from common.model import Net
 
 
-def weights(folder: Path) -> dict:
-    """model_full.pt of a lesson 05 run folder: the full weights, written at the end of every run that finished."""
-    path = folder / "model_full.pt"
-    if not path.is_file():
-        raise CourseError(f"{path} not found: give the --output-dir of a lesson 05 run that finished")
-    return torch.load(path, map_location="cpu", weights_only=True)
+def sharded_and_loaded(path: Path) -> Net:
+    """A Net sharded over all ranks as lesson 05 shards it, its shards filled from the checkpoint (a collective)."""
+    model = Net()  # random weights: the checkpoint replaces them
+    mesh = dist.init_device_mesh("cpu", (dist.get_world_size(),))
+    for unit in [model.features, model.fc1, model.fc2, model]:
+        fully_shard(unit, mesh=mesh)
+    state = {"model": get_model_state_dict(model)}  # this rank's shards, to be filled
+    dcp.load(state, checkpoint_id=path)  # each rank reads the pieces of its own rows
+    set_model_state_dict(model, state["model"])
+    return model
 
 
 @torch.no_grad()
-def score(state, args) -> int:
-    """Test images a plain Net with `state` classifies correctly: the run's test set, rebuilt from its flags."""
-    model = Net(**model_flags(args))
+def score(state: dict, args) -> tuple[int, int]:
+    """(right, images) of a plain Net with `state` on the run's test set."""
+    model = Net()
     model.load_state_dict(state)
     model.eval()
-    _, _, test = load_mnist(args.data_dir, args.data, args.train_samples, args.test_samples, args.val_samples,
-                            seed=args.seed, download=False)
-    return sum(int((model(x).argmax(dim=1) == y).sum()) for x, y in DataLoader(test, batch_size=1000))
+    _, _, test = load_mnist(args.data_dir, args.data, None, args.test_samples, download=False)
+    right = sum(int((model(x).argmax(dim=1) == y).sum()) for x, y in DataLoader(test, batch_size=1000))
+    return right, len(test)
 
 
 def main(argv=None):
-    work_in_course_folder()  # relative paths (data/, runs/, --config) are the course folder's
-    p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", type=Path, help="the run that saved the checkpoint, then the runs that loaded it")
-    folders = p.parse_args(argv).runs
-    first, *others = [weights(folder) for folder in folders]
-    for folder, state in zip(folders[1:], others):
-        differ = sorted(k for k in first.keys() | state.keys()
-                        if k not in first or k not in state or not torch.equal(first[k], state[k]))
-        if differ:
-            raise CourseError(f"{folder}/model_full.pt differs from {folders[0]}'s in {', '.join(differ[:4])}")
-        print(f"OK: {folder}/model_full.pt equals {folders[0]}/model_full.pt: all {len(first)} tensors, bit for bit",
-              flush=True)
-    trained = folders[0] / "metrics.json"  # a run that only loaded has trained no epoch: it writes none
-    if not trained.is_file():
-        raise CourseError(f"{trained} not found: give the run that trained and saved the checkpoint first")
-    metrics = json.loads(trained.read_text())
-    last = metrics["epochs"][-1]
-    correct = score(first, argparse.Namespace(**metrics["args"]))  # the run's own flags
-    if correct != last["test_correct"]:
-        raise CourseError(f"a plain Net with these weights scores {correct}/{last['test_samples']}, the run printed "
-                          f"{last['test_correct']}")
-    print(f"OK: a plain Net with these weights scores {correct}/{last['test_samples']} on the test set, what the run "
-          f"printed for epoch {last['epoch']} (test_accuracy {last['test_accuracy']:.4f})", flush=True)
+    p = lesson_parser("05", __doc__.splitlines()[0])  # the run's own flags: --data, --data-dir, --test-samples
+    p.add_argument("checkpoint", type=Path, help="a lesson 05 checkpoint folder, e.g. runs/05-first/checkpoints/05-epoch-002")
+    args = p.parse_args(argv)
+    if not (args.checkpoint / ".metadata").is_file():
+        raise CourseError(f"{args.checkpoint} is not a DCP checkpoint folder (no .metadata): give a lesson 05 "
+                          f"checkpoint, e.g. runs/05-first/checkpoints/05-epoch-002")
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = sharded_and_loaded(args.checkpoint)
+    print(f"[rank {rank}] loaded my shards: fc1.weight rows {model.fc1.weight.to_local().shape[0]} of 128", flush=True)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))  # a collective
+    dist.destroy_process_group()
+    if rank != 0:
+        return
+    plain = {"model": Net().state_dict()}
+    with warnings.catch_warnings():  # torch 2.9 warns on every no_dist load that it assumes one process: asked for
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(plain, checkpoint_id=args.checkpoint, no_dist=True)  # one process reads every piece, unsharded
+    differ = sorted(k for k in plain["model"] if not torch.equal(plain["model"][k], full[k]))
+    if differ or full.keys() != plain["model"].keys():
+        raise CourseError(f"the weights loaded on {world} ranks differ from the checkpoint in {', '.join(differ[:4])}")
+    print(f"OK: loaded on {world} ranks and gathered, the weights equal the checkpoint's: all {len(full)} tensors, "
+          f"bit for bit", flush=True)
+    right, images = score(full, args)
+    print(f"OK: a plain Net with these weights scores {right}/{images} on the test set: the run's line for "
+          f"this epoch shows the same", flush=True)
 
 
 if __name__ == "__main__":

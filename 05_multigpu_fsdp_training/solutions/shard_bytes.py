@@ -2,14 +2,13 @@
 
     torchrun --standalone --nproc_per_node=3 05_multigpu_fsdp_training/solutions/shard_bytes.py
 
-Every rank builds lesson 05's model the lesson's way (meta device, one fully_shard per unit, the lesson's
-init_weights), takes one AdamW step on random images, and adds up the bytes of the tensors it stores. Rank 0 then
+Every rank builds lesson 05's model the lesson's way (Net() with the seed, one fully_shard per unit, then the root),
+takes one AdamW step on random images, and adds up the bytes of the tensors it stores. Rank 0 then
 checks the answers: the shards add up to the whole model (nothing duplicated, about 1/N each), and AdamW's state is
 2 x the parameter bytes PLUS 4 B per parameter tensor on every rank: the `step` counters, which are not sharded.
 Writes nothing.
 """
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -27,8 +26,6 @@ from common.exits import run
 from common.log import write_line
 from common.model import Net, count_parameters
 
-LESSON = Path(__file__).resolve().parents[1] / "mnist_fsdpmodel.py"
-
 
 def nbytes(t) -> int:
     """What this rank stores of `t`: its local shard for a DTensor, all of it for a plain tensor."""
@@ -43,20 +40,15 @@ def my_rows(rows: int, rank: int, world: int) -> int:
 
 
 def main(argv=None):
-    spec = importlib.util.spec_from_file_location("mnist_fsdpmodel", LESSON)
-    lesson = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lesson)  # for its init_weights; importing the lesson runs nothing
     args = argparse.Namespace(seed=1, width=1, blocks=2, hidden=256)
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
-    with torch.device("meta"):
-        model = Net(width=args.width, blocks=args.blocks, hidden=args.hidden)
+    torch.manual_seed(args.seed)  # the same weights on every rank, before each keeps its shard
+    model = Net(width=args.width, blocks=args.blocks, hidden=args.hidden)
     for unit in [model.features, model.fc1, *model.blocks, model.fc2, model]:  # the lesson's units, then the root
         fully_shard(unit, mesh=mesh)
-    model.to_empty(device="cpu")
-    lesson.init_weights(model, args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     F.nll_loss(model(torch.randn(8, 1, 28, 28)), torch.randint(0, 10, (8,))).backward()
     optimizer.step()
