@@ -68,8 +68,8 @@ def main(argv=None):
         set_state_dict(model, optimizer, model_state_dict=checkpoint["model"], optim_state_dict=checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
         start = checkpoint["epoch"] + 1
-        print(f"resumed from {resume}\n", end="")  # one write per line: the ranks' lines never interleave
-    print(f"rank {rank} of {world_size} on {device}, {len(train_sampler)} of {len(train_ds)} training images\n", end="")
+        print(f"resumed from {resume}")
+    print(f"rank {rank} of {world_size} on {device}, {len(train_sampler)} of {len(train_ds)} training images")
 
     for epoch in range(start, args.epochs + 1):
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank

@@ -50,6 +50,10 @@ def lesson_parser(lesson: str, description: str) -> Parser:
     """The flags of the lesson scripts 02-07 (pytorch/examples' MNIST flags, plus data, device and checkpoints).
     Called first by a lesson: from here on, relative paths (data/, runs/, the flags') are the course folder's."""
     work_in_course_folder()
+    if hasattr(sys.stdout, "reconfigure"):  # not in a notebook: there the kernel's stream writes whole lines
+        # One write per printed line, even under PYTHONUNBUFFERED=1 (Slurm scripts, tests): print() writes the text
+        # and its newline separately, and the ranks sharing one log would interleave between the two.
+        sys.stdout.reconfigure(line_buffering=True, write_through=False)
     p = Parser(description=description)
     p.add_argument("--data", choices=["mnist", "synthetic"], default="mnist",
                    help="real MNIST, or synthetic digits written as genuine MNIST files (offline) (default: mnist)")
