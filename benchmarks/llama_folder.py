@@ -3,8 +3,9 @@ and benchmarks/load_ways.py read, without downloading a model.
 
 The names and shapes come from AutoModelForCausalLM.from_config on the meta device (no memory); each tensor's values
 are a slice, at a random offset, of one pool of 2**26 normal(0, 0.02) bf16 numbers (norm weights are 1): a 16 GB
-folder is a copy, not 8 billion draws. Written with safetensors.torch.save_file, one shard file at a time (the next
-tensors once one passes --shard-mb), with model.safetensors.index.json, config.json (dtype bfloat16) and a small
+folder is a copy, not 8 billion draws. Each shard file (the next tensors once one passes --shard-mb) is written in
+the safetensors format directly (an 8-byte header length, the JSON header, the raw bytes), one tensor at a time: no
+shard is ever whole in memory. Then model.safetensors.index.json, config.json (dtype bfloat16) and a small
 byte-level BPE tokenizer (08_your_model/text_model.py's, trained on the course's pages) whose ids fit the vocabulary.
     python benchmarks/llama_folder.py --config 08_your_model/configs/llama3_8b.json --out /tmp/llama8b
     python benchmarks/llama_folder.py --config benchmarks/llama3_tiny.json --out /tmp/tiny --shard-mb 0.05 --tokenizer-vocab 512
@@ -18,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "08_your_model")]
 
 import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
 
 from common.cli import Parser, count, positive_float, positive_int  # noqa: E402
 from common.errors import CourseError  # noqa: E402
@@ -51,6 +51,20 @@ def values(name: str, shape, pool: torch.Tensor, g: torch.Generator) -> torch.Te
     return flat.view(shape)
 
 
+def write_shard(path: Path, group, pool: torch.Tensor, g: torch.Generator) -> None:
+    """A safetensors file, as safetensors.torch.save_file writes it (header padded with spaces to 8 bytes)."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in group:
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + 2 * shape.numel()]}
+        offset += 2 * shape.numel()
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for name, shape in group:
+            f.write(values(name, shape, pool, g).view(torch.uint8).numpy().data)
+
+
 def write(config, out: Path, shard_bytes: int, seed: int, tokenizer_vocab: int) -> dict:
     began = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -66,11 +80,9 @@ def write(config, out: Path, shard_bytes: int, seed: int, tokenizer_vocab: int) 
     weight_map, total = {}, 0
     for i, group in enumerate(groups, 1):
         file = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
-        tensors = {name: values(name, shape, pool, g) for name, shape in group}
-        save_file(tensors, str(out / file), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, file))
-        total += sum(2 * t.numel() for t in tensors.values())
-        del tensors
+        write_shard(out / file, group, pool, g)
+        weight_map.update({name: file for name, _ in group})
+        total += sum(2 * shape.numel() for _, shape in group)
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     stored = type(config).from_dict(config.to_dict())
