@@ -6,13 +6,10 @@ The lesson's 1-D mesh spans both nodes: 4 ranks, 4 shard files. (HSDP's 2-D mesh
 keeps its name for the Makefile's and docs/tests.md's lists.)
 """
 import re
-import time
 
-from slurm.jobs import Job, check_multinode_shape, completed, sbatch
-from lessons import ROOT
+from slurm.jobs import check_multinode_shape, two_nodes_two_processes_each
 
 SCRIPT = "05_multigpu_fsdp_training/slurm_submit_fsdp_multinode.sh"
-RANK = re.compile(r"^rank (\d) of (\d) on cpu, 128 of 512 training images$", re.M)
 
 
 def test_multinode_script_has_the_multinode_shape():
@@ -22,17 +19,6 @@ def test_multinode_script_has_the_multinode_shape():
 
 
 def test_fsdp_two_nodes_two_processes_each(slurm_cluster, synthetic_dir, tmp_path):
-    workdir = tmp_path / "job"
-    (workdir / "logs").mkdir(parents=True)
-    out_dir = workdir / "out"
-    args = ["--data", "synthetic", "--data-dir", synthetic_dir, "--train-samples", 512, "--test-samples", 101,
-            "--epochs", 1, "--device", "cpu", "--num-workers", 0, "--output-dir", out_dir]
-    env = {"NPROC_PER_NODE": "2", "OUTPUT_ROOT": str(workdir / "runs")}
-    job = Job("fsdp_multinode", sbatch(slurm_cluster, SCRIPT, args, 2, env, ROOT, workdir), workdir, out_dir,
-              time.monotonic() + 150)
-    log = completed(slurm_cluster, job)
-    assert f"rendezvous n1:{20000 + job.id % 20000}" in log, log
-    assert sorted(RANK.findall(log)) == [(str(r), "4") for r in range(4)], log  # one mesh of 4 over both nodes
-    assert len(re.findall(r"^epoch 1: test loss \S+, accuracy \d+/101, train ", log, re.M)) == 1, log  # rank 0
-    assert sorted(p.name for p in (out_dir / "checkpoints" / "05-epoch-001").iterdir()) == \
-        [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
+    job, log, rows = two_nodes_two_processes_each(slurm_cluster, SCRIPT, "fsdp_multinode", synthetic_dir, tmp_path)
+    # one mesh of 4 over both nodes: each rank trains on its quarter of the 256 training images
+    assert sorted(re.findall(r"^rank (\d) of 4 on cpu, 64 of 256 training images$", log, re.M)) == list("0123"), log

@@ -8,7 +8,8 @@ The test varies only what a learner varies without editing a script:
                    sized counts (4-8), which the test cluster could never schedule.
   environment      NPROC_PER_NODE=2 for some torchrun jobs; the others derive 2 processes from the
                    GPU GRES the test nodes declare (the "GPUs" are /dev/null: no CUDA, so gloo).
-  trailing args    --device cpu --data synthetic, a few steps, an output folder per job (it comes after
+                   TORCH_LOGS=RENDEZVOUS_LOG for the two-node torchrun jobs: torchrun logs each node's host and rank.
+  trailing args    --device cpu --data synthetic, one epoch of 512 images, an output folder per job (it comes after
                    the scripts' own --output-dir and wins; OUTPUT_ROOT also points that one to tmp).
   GPU binding      the srun-style DDP job gets --gpus-per-task=1, as many sites require: each task then sees
                    one GPU of its node (CUDA_VISIBLE_DEVICES), whatever its local rank.
@@ -31,7 +32,7 @@ import pytest
 from slurm.jobs import (  # noqa: F401 (test_slurm_preemption.py imports some from here)
     ROOT, SCRIPTS, SOURCE_LINE, FAKEBIN, DEADLINE_S, TEST_SAMPLES, LEAKY, TRAINING, PREEMPTIBLE,
     RANK_LINE, text, directives, shared_part, fake_job_env, probe_job_env, Job, sbatch, log_path, wait, job_log,
-    before_exit_barrier_race, completed, check_metrics, rank_lines, task_lines)
+    before_exit_barrier_race, completed, one_epoch_line, rank_lines, task_lines, RENDEZVOUS_LOG)
 
 
 # ---- static checks: no cluster needed ----------------------------------------------------------
@@ -185,7 +186,8 @@ def jobs(slurm_cluster, synthetic_dir, tmp_path_factory):
     apptainer_env = {  # fakebin first on PATH; the run stages its data on each node's own folder
         "PATH": f"{FAKEBIN}:{slurm_cluster.env['PATH']}", "FAKE_APPTAINER_LOG": str(container / "calls.log"),
         "APPTAINER_IMAGE": str(container / "pytorch.sif"), "NCCL_PLUGIN_DIR": str(container / "nccl-plugin"),
-        "NPROC_PER_NODE": "2", "STAGE_DATA": "1", "NODE_LOCAL_DIR": str(slurm_cluster.node_local / "lessons"),
+        "NPROC_PER_NODE": "2", "TORCH_LOGS": RENDEZVOUS_LOG, "STAGE_DATA": "1",
+        "NODE_LOCAL_DIR": str(slurm_cluster.node_local / "lessons"),
         "WORKSHOP_DATA_DIR": synthetic_dir}
     plan = {  # name -> (cpus per task, environment, submit folder, other sbatch options)
         "setup": (1, {}, ROOT, ()),
@@ -193,7 +195,7 @@ def jobs(slurm_cluster, synthetic_dir, tmp_path_factory):
         "dp": (2, {}, ROOT, ()),
         "ddp": (2, {}, ROOT, ()),  # 2 processes from the 2 GPUs of the GRES, no NPROC_PER_NODE
         "fsdp": (2, {"NPROC_PER_NODE": "2"}, ROOT, ()),
-        "ddp_multinode": (2, {"NPROC_PER_NODE": "2"}, ROOT, ()),
+        "ddp_multinode": (2, {"NPROC_PER_NODE": "2", "TORCH_LOGS": RENDEZVOUS_LOG}, ROOT, ()),
         "ddp_srun": (1, {"VENV": str(ROOT / ".venv")}, ROOT, ("--gpus-per-task=1",)),  # one GPU bound to each task
         "apptainer": (2, apptainer_env, ROOT, ()),  # = ddp_multinode, in a "container", with staged data
     }
@@ -244,7 +246,7 @@ def test_01_setup_checks_env_then_collectives(slurm_cluster, jobs):
 
 def one_epoch_checkpointed(job, lesson: str, log: str):
     """The teaching script's epoch line, with the test images the trailing arguments asked for, and its checkpoint."""
-    assert re.search(rf"^epoch 1: test loss [\d.]+, accuracy \d+/{TEST_SAMPLES[job.name]}, train ", log, re.M), log
+    one_epoch_line(log, TEST_SAMPLES[job.name])
     assert sorted(p.name for p in (job.out_dir / "checkpoints").iterdir()) == [f"{lesson}-epoch-001.pt"]
 
 
@@ -265,7 +267,7 @@ def check_04_run(job, log, world_size, test_samples):
     ranks = sorted(re.findall(rf"^rank (\d+) of {world_size} on cpu, {512 // world_size} of 512 training images$",
                               log, re.M))
     assert ranks == [str(r) for r in range(world_size)], log
-    assert len(re.findall(rf"^epoch 1: test loss [\d.]+, accuracy \d+/{test_samples}, train ", log, re.M)) == 1, log
+    one_epoch_line(log, test_samples)
     assert (job.out_dir / "checkpoints" / "04-epoch-001.pt").stat().st_size > 0
 
 
@@ -282,8 +284,9 @@ def test_04_ddp_two_nodes_two_processes_each(slurm_cluster, jobs, name):
     log = completed(slurm_cluster, job)
     assert f"rendezvous n1:{20000 + job.id % 20000}" in log and " on 2 node(s): n[1-2]" in log, log
     check_04_run(job, log, 4, TEST_SAMPLES[name])
-    if name == "ddp_multinode":  # one torchrun per node, two processes each
+    if name == "ddp_multinode":  # one torchrun per node, two processes each: ranks 0-1 on n1, 2-3 on n2
         assert "tasks 2 (one torchrun per node) | GPUs per node 2 | processes per node 2 -> world size 4" in log, log
+        assert [(r, host) for r, host, _, _ in rank_lines(log)] == [(0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")], log
     if name == "ddp_srun":  # Slurm's block distribution: tasks 0, 1 on the first node, local ranks 0, 1 on each
         # --gpus-per-task=1: every task saw exactly one GPU, a different one from the other task of its node
         assert "GPUs per node 2 (per task 1) |" in log, log
@@ -299,7 +302,7 @@ def test_04_ddp_two_nodes_two_processes_each(slurm_cluster, jobs, name):
 def test_05_fsdp_one_node(slurm_cluster, jobs):
     log = completed(slurm_cluster, jobs["fsdp"])
     assert sorted(re.findall(r"^rank (\d) of (\d) on cpu, ", log, re.M)) == [("0", "2"), ("1", "2")], log
-    assert len(re.findall(rf"^epoch 1: test loss \S+, accuracy \d+/{TEST_SAMPLES['fsdp']}, ", log, re.M)) == 1, log
+    one_epoch_line(log, TEST_SAMPLES["fsdp"])
     checkpoint = jobs["fsdp"].out_dir / "checkpoints" / "05-epoch-001"
     assert sorted(p.name for p in checkpoint.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
@@ -327,6 +330,7 @@ def test_04_apptainer_variant_with_staged_data(slurm_cluster, jobs, synthetic_di
     log = completed(slurm_cluster, job)
     assert " on 2 node(s): n[1-2]" in log, log
     check_04_run(job, log, 4, TEST_SAMPLES["apptainer"])
+    assert [(r, host) for r, host, _, _ in rank_lines(log)] == [(0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")], log
     # staging: each node has its own complete copy, made once (one "copied" line in its log), bound for the run
     staged = Path(re.search(r"^== data: staged on each node's local disk, (\S+) \(from ", log, re.M)[1])
     assert staged.parent == slurm_cluster.node_local / "lessons", log

@@ -1,8 +1,7 @@
 """What the Slurm tests of the lesson scripts share: the scripts, the environment a job must not inherit,
-sbatch as a learner runs it, waiting for a job, and reading its log and metrics.
-test_slurm_lessons.py, test_slurm_sweep.py, test_slurm_preemption.py, test_slurm_hsdp.py and test_slurm_lesson06.py
+sbatch as a learner runs it, waiting for a job, and reading its log and checkpoints.
+test_slurm_lessons.py, test_slurm_sweep.py, test_slurm_hsdp.py and test_slurm_lesson06.py to test_slurm_lesson08.py
 use it."""
-import json
 import os
 import re
 import subprocess
@@ -35,7 +34,14 @@ LEAKY = ("COURSE_DIR", "MODULES", "CONDA_ENV", "VENV", "WORKSHOP_DATA_DIR", "OUT
          "TRAINER_LAUNCHER")
 TRAINING = ("single", "dp", "ddp", "ddp_multinode", "ddp_srun", "fsdp", "apptainer")  # they checkpoint and resume
 PREEMPTIBLE = ()  # the lessons' scripts save after each epoch, on no signal: the trainer's slurm_train.sh stops on one
-RANK_LINE = re.compile(r"^\[rank (\d+)\] host (\S+) rank (\d+)/(\d+) local_rank (\d+) device (\S+) backend (\S+)$", re.M)
+RANK_LINE = re.compile(r"^rank (\d+) of (\d+) on (\S+), ", re.M)  # the teaching scripts', one per rank
+# torchrun's agent on each node logs its host (socket.getfqdn()) and node rank from the c10d rendezvous when TORCH_LOGS
+# names the module (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py); node rank k runs global ranks
+# k*nproc .. k*nproc+nproc-1 (torch/distributed/elastic/agent/server/api.py, _assign_worker_ranks).
+RENDEZVOUS_LOG = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+NODE_LINE = re.compile(r"The node '(\S+?)_\d+_\d+' has joined round \d+ of the rendezvous '\S+' as rank (\d+) "
+                       r"in a world of size (\d+)\.")
+EPOCH_LINE = re.compile(r"^epoch (\d+): test loss [\d.]+, accuracy \d+/(\d+), train [\d.]+ s$", re.M)
 
 
 def text(name):
@@ -151,25 +157,27 @@ def completed(cluster, job):
     log = path.read_text()
     assert f"== job {job.id} ({info['JobName']})" in log and "Traceback" not in before_exit_barrier_race(log), log
     assert f"course {ROOT} |" in log, log
-    if job.name in TRAINING:  # --resume auto looked in the last --output-dir: the test's
-        assert f"resume: starting fresh (no checkpoint in {job.out_dir}" in log, log
+    if job.name in TRAINING:  # --resume auto found nothing in the last --output-dir (the test's, fresh): no line
+        assert "resumed from" not in log, log
         assert job.name == "apptainer" or not (job.workdir / "runs").exists(), log
     return log
 
 
-def check_metrics(job, world_size, test_samples, backend="gloo"):
-    m = json.loads((job.out_dir / "metrics.json").read_text())
-    assert m["world_size"] == world_size and m["backend"] == backend and m["device"] == "cpu"
-    assert [r["test_samples"] for r in m["epochs"]] == [test_samples]  # every test image counted once
-    assert m["args"]["max_steps"] == 3 and m["args"]["num_workers"] == 0  # trailing args reached Python, last wins
-    return m
+def one_epoch_line(log, test_samples):
+    """Rank 0's one epoch line; it counts `test_samples` test images: every one once, none twice."""
+    assert [(int(e), int(n)) for e, n in EPOCH_LINE.findall(log)] == [(1, test_samples)], log
 
 
 def rank_lines(log):
-    """[(rank, host, world, local_rank)] from lesson 04/05's per-rank lines."""
-    rows = [(int(r), host, int(w), int(lr)) for r, host, r2, w, lr, dev, be in RANK_LINE.findall(log)]
-    assert rows and all(dev == "cpu" and be == "gloo" for *_, dev, be in RANK_LINE.findall(log)), log
-    return sorted(rows)
+    """[(rank, host, world, local_rank)] of a two-node torchrun job run with TORCH_LOGS=RENDEZVOUS_LOG: every rank's
+    line of the teaching script (on cpu), each placed on the host whose torchrun got its node rank in the rendezvous."""
+    ranks = sorted((int(r), int(w)) for r, w, device in RANK_LINE.findall(log) if device == "cpu")
+    assert len(ranks) == len(RANK_LINE.findall(log)) > 0, log
+    world = ranks[0][1]
+    nodes = dict((int(rank), host) for host, rank, _ in NODE_LINE.findall(log))
+    assert sorted(nodes) == list(range(len(nodes))) and len(nodes) > 0 and world % len(nodes) == 0, log
+    per_node = world // len(nodes)
+    return [(r, nodes[r // per_node], w, r % per_node) for r, w in ranks]
 
 
 TASK_LINE = re.compile(r"^== task (\d+) on (\S+): local rank (\d+), CUDA_VISIBLE_DEVICES=(\S+)$", re.M)
@@ -198,21 +206,24 @@ def check_multinode_shape(script, template, job_name, ending):
 
 
 def two_nodes_two_processes_each(cluster, script, name, synthetic_dir, tmp_path, *extra):
-    """`script` submitted unchanged to both test nodes, 2 processes each, 3 steps of one epoch on 101 test images:
-    (job, log, rank rows) once it COMPLETED with 4 ranks, one epoch line, 4 DCP shards and the exported model."""
+    """`script` submitted unchanged to both test nodes, 2 processes each, one epoch of 256 training images and 101
+    test images: (job, log, rank rows) once it COMPLETED with ranks 0-3 (0-1 on n1, 2-3 on n2), one epoch line
+    counting all 101 test images, and the epoch's DCP checkpoint with one shard per rank in the --output-dir given
+    last (after the script's own)."""
     workdir = tmp_path / "job"
     (workdir / "logs").mkdir(parents=True)
     out_dir = workdir / "out"
-    args = ["--data", "synthetic", "--data-dir", synthetic_dir, "--train-samples", 512, "--test-samples", 101,
-            "--epochs", 1, "--max-steps", 3, "--device", "cpu", "--num-workers", 0, *extra, "--output-dir", out_dir]
-    env = {"NPROC_PER_NODE": "2", "OUTPUT_ROOT": str(workdir / "runs")}
+    args = ["--data", "synthetic", "--data-dir", synthetic_dir, "--train-samples", 256, "--test-samples", 101,
+            "--epochs", 1, "--device", "cpu", "--num-workers", 0, *extra, "--output-dir", out_dir]
+    env = {"NPROC_PER_NODE": "2", "OUTPUT_ROOT": str(workdir / "runs"), "TORCH_LOGS": RENDEZVOUS_LOG}
     job = Job(name, sbatch(cluster, script, args, 2, env, ROOT, workdir), workdir, out_dir, time.monotonic() + 150)
     log = completed(cluster, job)
-    assert f"resume: starting fresh (no checkpoint in {out_dir}" in log, log
+    assert f"rendezvous n1:{20000 + job.id % 20000}" in log and "resumed from" not in log, log  # --resume auto: fresh
     rows = rank_lines(log)
-    assert [r for r, *_ in rows] == [0, 1, 2, 3] and {w for _, _, w, _ in rows} == {4}, log
-    assert log.count("epoch 1 |") == 1, log
-    check_metrics(job, 4, 101)  # test_samples exactly 101: every test image counted once
-    assert len(list((out_dir / "checkpoints" / "ckpt-e0001-s0000000").glob("*.distcp"))) == 4
-    assert (out_dir / "model_full.pt").stat().st_size > 0
+    assert rows == [(0, "n1", 4, 0), (1, "n1", 4, 1), (2, "n2", 4, 0), (3, "n2", 4, 1)], log
+    one_epoch_line(log, 101)
+    lesson = Path(script).parts[0][:2]
+    assert sorted(p.name for p in (out_dir / "checkpoints").iterdir()) == [f"{lesson}-epoch-001"]
+    assert sorted(p.name for p in (out_dir / "checkpoints" / f"{lesson}-epoch-001").iterdir()) == \
+        [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
     return job, log, rows
