@@ -73,14 +73,15 @@ test-slurm: setup
 	    tests/test_slurm_hsdp.py tests/test_slurm_sweep.py tests/test_slurm_lesson06.py tests/test_slurm_lesson07.py tests/test_slurm_lesson08.py -v
 
 DEMO_FLAGS ?= --epochs 2 --train-samples 12000
-# The course's main job on CPU: lesson 04, DDP with 2 gloo processes. Real MNIST when it is in
+# The course's main job on CPU: lesson 04's DDP with 2 gloo processes, through the production trainer (it writes
+# metrics.json and curves.png). Real MNIST when it is in
 # ./data or can be downloaded; otherwise the synthetic digits, and it says so.
 demo: setup
 	@if $(PY) 01_setup/download_mnist.py --data-dir data >/dev/null 2>&1; then data=mnist; \
 	else data=synthetic; echo "NOTICE: MNIST is not in ./data and could not be downloaded:" \
 	  "this demo trains on SYNTHETIC digits (get the real set: python 01_setup/download_mnist.py)"; fi; \
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=2 \
-	  04_ddp_training/mnist_ddpmodel.py --data $$data --data-dir data $(DEMO_FLAGS) \
+	  trainer/train.py --parallel ddp --data $$data --data-dir data $(DEMO_FLAGS) \
 	  --num-workers 0 --output-dir runs/demo
 	@echo "metrics: runs/demo/metrics.json, curves: runs/demo/curves.png"
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Lesson 04 on Slurm, a hyperparameter sweep: a job ARRAY, one task per configuration (one row of a table,
+# The production trainer's DDP on Slurm, a hyperparameter sweep: a job ARRAY, one task per configuration (one row of a table,
 # 04_ddp_training/sweep.tsv: learning rate x seed). The tasks are independent jobs that Slurm runs side by side,
 # several on one node if it has room; each gets its own port, output folder and log.
 #
@@ -10,7 +10,8 @@
 #   SWEEP_TABLE=my_sweep.tsv sbatch --array=0-7 04_ddp_training/slurm_sweep_array.sh
 #   python slurm/gather_sweep.py runs/sweep-<array job id>             # all tasks: one table, one plot
 #
-# Arguments after the script name go to mnist_ddpmodel.py, after the row's flags (so they win over the table).
+# Arguments after the script name go to trainer/train.py --parallel ddp (lesson 04's DDP with the trainer's
+# metrics.json, which slurm/gather_sweep.py reads), after the row's flags (so they win over the table).
 # Log: logs/sweep-<array job id>_<task>.out; metrics: runs/sweep-<array job id>/task-<task>/ (OUTPUT_ROOT
 # changes runs/). Shape of EACH task: srun style, one task per GPU; 1 GPU by default (the configurations run side
 # by side); raise --ntasks-per-node and --gpus-per-node together for DDP inside each configuration.
@@ -39,4 +40,4 @@ echo "== array job $SLURM_ARRAY_JOB_ID task $SLURM_ARRAY_TASK_ID (of ${SLURM_ARR
 # --cpus-per-task again: from Slurm 22.05 on, srun may not inherit it from sbatch.
 # --resume auto: continue from the newest checkpoint in OUTPUT_DIR (after a requeue), else start fresh.
 srun --kill-on-bad-exit=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
-    python "$COURSE_DIR/04_ddp_training/mnist_ddpmodel.py" "${SWEEP_ARGS[@]}" --output-dir "$OUTPUT_DIR" --resume auto "$@"
+    python "$COURSE_DIR/trainer/train.py" --parallel ddp "${SWEEP_ARGS[@]}" --output-dir "$OUTPUT_DIR" --resume auto "$@"

@@ -8,6 +8,8 @@
     python benchmarks/bench.py --report-only --merge A.json B.json   # the page again, from rows measured elsewhere
     python benchmarks/bench.py --quick                         # CPU smoke mode (gloo, synthetic, tiny): the tests
 
+The runs of lessons 02-05 are the production trainer's (trainer/single.py ... fsdp2.py, the lessons' code with
+metrics.json, warm-up and --max-steps; benchmarks/launch.py).
 Suites: throughput (lessons 02/04/05 img/s), peer (a hand-written DataLoader + DDP loop, torch and torchvision only,
 in the throughput suite's launch: lesson 04's scaling against the peer's), scaling (large batches), recipe (lesson
 04, seeds 1-5, time to 99%), plain (the plain loop, same seeds and GPUs, each seed's run right after lesson 04's: a

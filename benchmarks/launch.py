@@ -1,4 +1,5 @@
-"""One launch's process (one per GPU): its rank, device and rows; the lessons as modules; what a row keeps of a run.
+"""One launch's process (one per GPU): its rank, device and rows; the trainer's strategies as modules (named by the
+lesson each comes from); what a row keeps of a run.
 
 benchmarks/worker.py makes one Launch per process and hands it to the suites (benchmarks/suites.py).
 """
@@ -22,8 +23,9 @@ from benchmarks.tables import summary
 from common.distributed import launch_env, restart_safe_store
 
 ROOT = Path(__file__).resolve().parents[1]
-LESSONS = {"02": "02_singlegpu_training/mnist_singlegpu.py", "03": "03_dp_training/mnist_dpmodel.py",
-           "04": "04_ddp_training/mnist_ddpmodel.py", "05": "05_multigpu_fsdp_training/mnist_fsdpmodel.py",
+# A program's key: the lesson its code comes from. The runs are the production trainer's (metrics records, warm-up,
+# --max-steps), trainer/single.py ... fsdp2.py; "tools" is lesson 05's memory sweep.
+LESSONS = {"02": "trainer/single.py", "03": "trainer/dp.py", "04": "trainer/ddp.py", "05": "trainer/fsdp2.py",
            "tools": "05_multigpu_fsdp_training/fsdp_memory.py"}
 # --quick: the same code on the CPU in seconds (gloo, synthetic digits); its numbers are no result.
 QUICK = {"--batch-size": "16", "--epochs": "1", "--max-steps": "4", "--warmup-steps": "4", "--blocks": "1",
@@ -92,7 +94,7 @@ class Launch:
 
 
 def module(number: str):
-    """A lesson script as a module (cached): importing it runs nothing, its main() waits for __main__."""
+    """A trainer module (or lesson 05's tool) as a module (cached): importing it runs nothing but its imports."""
     name = f"lesson_{number}"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, ROOT / LESSONS[number])

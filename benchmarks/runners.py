@@ -81,14 +81,15 @@ def run_bandwidth(job, args, scratch: Path, timeout: float) -> tuple[str, list]:
 
 
 def run_parity(job, args, scratch: Path, timeout: float) -> tuple[str, list]:
-    """The reference script and lesson 02's default, seed 1, side by side (on two GPUs when there are two)."""
+    """The reference script and lesson 02's default (trainer --parallel single: its metrics.json), seed 1, side by
+    side (on two GPUs when there are two)."""
     work = scratch / "parity" / "work"  # the reference reads ../data/MNIST, as pytorch/examples' main.py does
     (work.parent / "data").mkdir(parents=True, exist_ok=True)
     os.symlink(Path(args.data_dir, "MNIST").resolve(), work.parent / "data" / "MNIST")
     work.mkdir()
     quick = ["--epochs", "1", "--train-samples", "256", "--test-samples", "128", "--num-workers", "0",
              "--device", "cpu"] if args.quick else []
-    lesson = [sys.executable, "02_singlegpu_training/mnist_singlegpu.py", "--seed", "1", "--data", args.data,
+    lesson = [sys.executable, "trainer/train.py", "--parallel", "single", "--seed", "1", "--data", args.data,
               "--data-dir", args.data_dir, "--output-dir", scratch / "parity" / "lesson02"] + quick
     ref = [sys.executable, Path(args.reference).resolve(), "--seed", "1"] + (["--epochs", "1"] if args.quick else [])
     logs, procs, deadline = {}, [], time.monotonic() + timeout

@@ -70,7 +70,7 @@ def work_in_course_folder() -> None:
     path = Path(script).resolve() if script else Path("/")
     course = next((p for p in path.parents if (p / "common").is_dir() and (p / "01_setup").is_dir()), None)
     lesson = path.relative_to(course).parts[0] if course else ""
-    if not (lesson[:2].isdigit() and lesson[2:3] == "_"):  # not a lesson script (pytest in COURSE/.venv, say)
+    if not (lesson[:2].isdigit() and lesson[2:3] == "_") and lesson != "trainer":  # pytest in COURSE/.venv, say
         return
     try:
         here = Path.cwd()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from bad_inputs import LESSONS, SCRIPTS, SHARDED, TWO_RANKS, Case, lesson_parser, load_script, small
+from bad_inputs import LESSONS, SHARDED, TWO_RANKS, Case, command_line, lesson_parser, load_script, small
 
 
 # ---- where a row runs -----------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def make_artifacts(art: Path, data: str) -> None:
     cases = {lesson: Case(f"artifact-{lesson}", lesson, "", (*small(lesson), "--output-dir", "{out}"), expect="ok")
              for lesson in LESSONS}
     launched = {lesson: subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPTS[lesson]),
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *command_line(lesson),
          *ctx.resolve(cases[lesson], cases[lesson].argv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"}) for lesson in TWO_RANKS}
     for lesson in LESSONS:
@@ -178,7 +178,7 @@ def run_in_process(case: Case, ctx: Context, env: dict | None = None) -> dict:
     saved_env, saved_hook, saved_argv0 = dict(os.environ), sys.excepthook, sys.argv[0]
     saved_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.update(dict(case.env), **(env or {}))
-    sys.argv[0] = str(SCRIPTS[case.script])  # "(see mnist_ddpmodel.py --help)", as in a real run
+    sys.argv[0] = command_line(case.script)[0]  # "(see train.py --help)", as in a real run
     out, err = io.StringIO(), io.StringIO()
     code, escaped, left_group, caught = None, None, False, []
     start = time.monotonic()

@@ -1,7 +1,9 @@
 """THE table of learner mistakes, and how one row runs in-process and is judged. One place: a new flag gets rows.
 
-Every lesson script (02-07, and 01's download_mnist.py; hello_distributed.py and check_env.py: their one flag,
---device) gets the same mistakes, each run once in-process as `python SCRIPT ...` would run it:
+Every strategy of the production trainer (the rows named by the lesson it comes from, 02-07: trainer/single.py
+... trainer/pp.py, whose flags are today's lesson scripts'), and 01's download_mnist.py (hello_distributed.py and
+check_env.py: their one flag, --device) gets the same mistakes, each run once in-process as `python SCRIPT ...`
+(for the trainer: `python trainer/train.py --parallel P ...`) would run it:
 
   values         zero, a negative and a non-number for EVERY numeric flag of the script's own parser, a
                  typo'd flag, a choice out of range, a typo'd --compile backend, --patience without
@@ -52,9 +54,12 @@ import importlib.util
 import sys
 from dataclasses import dataclass, replace
 
-from lessons import ROOT, SCRIPTS as LESSON_SCRIPTS
+from lessons import PARALLEL, ROOT, TRAINER
 
-SCRIPTS = {**{k: v for k, v in LESSON_SCRIPTS.items() if k != "01"}, "download": ROOT / "01_setup" / "download_mnist.py",
+# The rows of 02-07 run the trainer's module of that lesson's strategy (--parallel PARALLEL[lesson]).
+MODULES = {"02": "single", "03": "dp", "04": "ddp", "05": "fsdp2", "06": "tp", "07": "pp"}
+SCRIPTS = {**{k: ROOT / "trainer" / f"{v}.py" for k, v in MODULES.items()},
+           "download": ROOT / "01_setup" / "download_mnist.py",
            "check_env": ROOT / "01_setup" / "check_env.py", "hello": ROOT / "01_setup" / "hello_distributed.py",
            "08": ROOT / "08_your_model" / "digits_lm.py"}
 LESSONS = ("02", "03", "04", "05", "06", "07")
@@ -112,6 +117,11 @@ def load_script(script: str):
         spec.loader.exec_module(module)
         _modules[script] = module
     return _modules[script]
+
+
+def command_line(script: str) -> list[str]:
+    """The script and its first flags as a learner types them: trainer/train.py --parallel P for a lesson's row."""
+    return [str(TRAINER), "--parallel", PARALLEL[script]] if script in MODULES else [str(SCRIPTS[script])]
 
 
 class _ParserBuilt(Exception):
@@ -219,7 +229,7 @@ def _lesson_rows(lesson: str) -> list[Case]:
              needles=("{case}/afile/out",)),
         Case(f"{lesson}-resume-other-lesson", lesson, f"--resume a lesson {other} checkpoint",
              (*base, "--resume", f"{{art}}/ckpt-{other}"),
-             needles=("is from another kind of run", f"lesson '{SCRIPTS[other].parent.name}' there")),
+             needles=("is from another kind of run", f"lesson 'trainer-{PARALLEL[other]}' there")),
         Case(f"{lesson}-resume-other-width", lesson, "--resume a --width 1 checkpoint with --width 2",
              (*base, "--resume", f"{{art}}/ckpt-{lesson}", "--width", "2"),
              needles=("is from another kind of run (width 1 there, 2 here)",)),
@@ -237,7 +247,7 @@ def _lesson_rows(lesson: str) -> list[Case]:
     if lesson != "05":
         rows.append(Case(f"{lesson}-resume-sharded-checkpoint", lesson, "--resume lesson 05's DCP folder",
                          (*base, "--resume", "{art}/ckpt-05"),
-                         needles=("lesson '05_multigpu_fsdp_training' there",)))
+                         needles=("lesson 'trainer-fsdp2' there",)))
     if lesson in SHARDED:
         rows.append(Case(f"{lesson}-resume-broken-sharded", lesson, "--resume a DCP folder, its .metadata cut",
                          (*base, "--resume", f"{{art}}/broken-dcp-{lesson}"),
@@ -402,7 +412,7 @@ def _digits_rows() -> list[Case]:
         Case("08-resume-missing", "08", "--resume a path that is not there",
              (*base, "--resume", "{case}/ckpt"), needles=("checkpoint {case}/ckpt does not exist",)),
         Case("08-resume-other-lesson", "08", "--resume lesson 05's DCP folder",
-             (*base, "--resume", "{art}/ckpt-05"), needles=("lesson '05_multigpu_fsdp_training' there",)),
+             (*base, "--resume", "{art}/ckpt-05"), needles=("lesson 'trainer-fsdp2' there",)),
         Case("08-resume-broken-sharded", "08", "--resume a DCP folder, its .metadata cut",
              (*base, "--resume", "{art}/broken-dcp-05"),
              needles=("{art}/broken-dcp-05 is not a readable checkpoint",)),

@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def lesson05():
-    """The lesson script as a module: its own train() is what the tests run."""
-    spec = importlib.util.spec_from_file_location("mnist_fsdpmodel", ROOT / "05_multigpu_fsdp_training" / "mnist_fsdpmodel.py")
+    """The trainer's fsdp2 (lesson 05's code, with grad accumulation, clipping and stop votes) as a module: its own
+    train() is what the tests run."""
+    spec = importlib.util.spec_from_file_location("trainer_fsdp2", ROOT / "trainer" / "fsdp2.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -30,7 +30,8 @@ import pytest
 
 from bad_input_runs import (Context, leftovers, make_artifacts, prepare, problems, run_in_process,
                             torchrun_report_problems)
-from bad_inputs import LESSONS, ROOT, SCRIPTS, ZERO_ALLOWED, build_table, lesson_parser, load_script, numeric_flags
+from bad_inputs import (LESSONS, ROOT, ZERO_ALLOWED, build_table, command_line, lesson_parser, load_script,
+                        numeric_flags)
 
 pytestmark = pytest.mark.timeout(300)  # the first test also pays for the module's setup (artifacts, launches)
 TABLE = build_table()
@@ -49,7 +50,7 @@ def params(mode):
 
 
 def command(launcher, case, ctx):
-    script = [str(SCRIPTS[case.script]), *ctx.resolve(case, case.argv)]
+    script = [*command_line(case.script), *ctx.resolve(case, case.argv)]
     if launcher == "python":
         return [sys.executable, *script]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *script]

@@ -1,9 +1,10 @@
-"""Every collective a lesson runs through `common` is visible at the lesson's call site.
+"""Every collective the trainer runs through `common` is visible at its call site (trainer/ddp.py, fsdp2.py, pp.py:
+today's lessons 04, 05 and 07, whose production features, the stop votes and mid-epoch positions, it keeps).
 
-A collective hangs unless every rank calls it, so a learner reading lesson 04, 05 or 07 must see each one: by the
+A collective hangs unless every rank calls it, so a reader of these files must see each one: by the
 call's own name (`meter.all_reduce()`, `barrier=dist.barrier`) or by a comment on the call or directly above it
-("a collective"). One real 2-rank run of each lesson records, with tests/record_collectives/sitecustomize.py, every
-torch.distributed collective whose stack passes through common/ and the lesson line that called into common.
+("a collective"). One real 2-rank run of each strategy records, with tests/record_collectives/sitecustomize.py, every
+torch.distributed collective whose stack passes through common/ and the trainer's line that called into common.
 """
 import json
 import tokenize
@@ -11,7 +12,7 @@ from collections import Counter
 from io import StringIO
 from pathlib import Path
 
-from lessons import ROOT, SCRIPTS, assert_clean, run_script
+from lessons import PARALLEL, ROOT, assert_clean, run_trainer
 
 TINY = ("--data", "synthetic", "--train-samples", 256, "--test-samples", 64, "--epochs", 1, "--num-workers", 0)
 # (collective, the common function the lesson called): how often each rank runs it in one epoch of TINY.
@@ -29,7 +30,7 @@ FSDP = {"warmup.warm_up", "model.Net.forward"}
 def record(lesson: str, tmp_path: Path, data_dir: str) -> list[list[dict]]:
     """Each rank's recorded calls of a 2-rank torchrun of the lesson."""
     folder = tmp_path / "recorded"
-    proc = run_script(lesson, *TINY, "--data-dir", data_dir, "--output-dir", tmp_path / "run", nproc=2,
+    proc = run_trainer(PARALLEL[lesson], *TINY, "--data-dir", data_dir, "--output-dir", tmp_path / "run", nproc=2,
                       env={"PYTHONPATH": str(ROOT / "tests" / "record_collectives"), "RECORD_COLLECTIVES": str(folder)})
     assert_clean(proc)
     return [json.loads((folder / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
@@ -74,7 +75,7 @@ def without_comments(text: str, call: dict) -> str:
 def check_lesson(lesson: str, recorded: list[list[dict]]) -> list[dict]:
     """The checks common to both lessons; returns rank 0's calls."""
     assert recorded[0], "nothing recorded: is tests/record_collectives on PYTHONPATH?"
-    script = SCRIPTS[lesson]
+    script = ROOT / "trainer" / f"{PARALLEL[lesson]}.py"
     sites = [[(c["collective"], c["through"], c["first_line"]) for c in calls] for calls in recorded]
     assert sites[0] == sites[1]  # every rank calls the same collectives at the same lines, in the same order
     assert {Path(c["file"]) for c in recorded[0]} == {script}
@@ -88,12 +89,12 @@ def check_lesson(lesson: str, recorded: list[list[dict]]) -> list[dict]:
     return recorded[0]
 
 
-def test_lesson_04_marks_every_collective_it_runs_through_common(tmp_path, synthetic_dir):
+def test_the_trainers_ddp_marks_every_collective_it_runs_through_common(tmp_path, synthetic_dir):
     calls = check_lesson("04", record("04", tmp_path, synthetic_dir))
     assert Counter((c["collective"], c["through"]) for c in calls) == EVERY_LESSON
 
 
-def test_lesson_05_marks_every_collective_it_runs_through_common(tmp_path, synthetic_dir):
+def test_the_trainers_fsdp2_marks_every_collective_it_runs_through_common(tmp_path, synthetic_dir):
     calls = check_lesson("05", record("05", tmp_path, synthetic_dir))
     counts = Counter((c["collective"], c["through"]) for c in calls if c["through"] not in FSDP)
     assert counts == GATHERING
@@ -101,7 +102,7 @@ def test_lesson_05_marks_every_collective_it_runs_through_common(tmp_path, synth
 
 
 
-def test_lesson_07_marks_every_collective_it_runs_through_common(tmp_path, synthetic_dir):
+def test_the_trainers_pp_marks_every_collective_it_runs_through_common(tmp_path, synthetic_dir):
     """2 ranks: one pipeline of 2 stages (dp 1, no FSDP). The stages' sends and receives are torch's own
     (PipelineStage), not common's: the recording holds what every lesson has, each rank as often."""
     calls = check_lesson("07", record("07", tmp_path, synthetic_dir))

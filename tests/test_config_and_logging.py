@@ -4,7 +4,7 @@ import pytest
 from common.cli import base_parser, parse
 from bad_inputs import lesson_parser
 from common.errors import CourseError
-from lessons import assert_clean, metrics, run_script
+from lessons import PARALLEL, assert_clean, metrics, run_trainer
 
 
 def parser():
@@ -43,7 +43,7 @@ def test_config_yaml_replays_a_run_and_tensorboard_matches_metrics(synthetic_dir
     flags = ["--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", 0, "--train-samples", 320,
              "--test-samples", 64, "--epochs", 2, "--batch-size", 32, "--optimizer", "adamw", "--lr", 2e-3,
              "--seed", 7, "--tensorboard"]
-    assert_clean(run_script("02", *flags, "--output-dir", first))
+    assert_clean(run_trainer("single", *flags, "--output-dir", first))
     a = metrics(first)
     replay = vars(parse(lesson_parser("02"), ["--config", first / "config.yaml", "--output-dir", tmp_path / "replay"]))
     assert {k: v for k, v in a["args"].items() if k not in ("output_dir", "config")} == \
@@ -64,7 +64,7 @@ def test_compile_after_the_ddp_wrap_and_after_fully_shard(synthetic_dir, tmp_pat
     """--compile under DDP (Dynamo's DDPOptimizer splits the graph at the buckets) and under fully_shard, on CPU.
 
     aot_eager traces forward and backward as inductor does but skips code generation, so the test takes seconds."""
-    proc = run_script(lesson, "--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", 0,
+    proc = run_trainer(PARALLEL[lesson], "--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", 0,
                       "--train-samples", 256, "--test-samples", 64, "--epochs", 1, "--batch-size", 32,
                       "--compile", "aot_eager", "--output-dir", tmp_path, nproc=2, timeout=300)
     assert_clean(proc)

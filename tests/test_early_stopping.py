@@ -6,7 +6,7 @@ accuracy is summed over ranks, so every rank takes the same stop decision withou
 import pytest
 import torch
 
-from lessons import assert_clean, metrics, run_script
+from lessons import assert_clean, metrics, run_trainer
 
 FLAGS = ["--train-samples", 600, "--val-samples", 203, "--test-samples", 101, "--batch-size", 32,
          "--optimizer", "adamw", "--lr", 3e-3, "--patience", 1, "--keep-checkpoints", 10]
@@ -45,7 +45,7 @@ def check_stopped_early(proc, out_dir, epochs):
 def stopped_on_2_ranks(small, tmp_path_factory):
     """One run of 2 ranks that stops early: checked on its own, and the reference a resumed run must equal."""
     out = tmp_path_factory.mktemp("whole")
-    return run_script("04", *small, "--epochs", 8, "--output-dir", out, nproc=2), out
+    return run_trainer("ddp", *small, "--epochs", 8, "--output-dir", out, nproc=2), out
 
 
 def test_every_rank_stops_at_the_same_epoch(stopped_on_2_ranks):
@@ -58,7 +58,7 @@ def test_a_resumed_run_stops_at_the_same_epoch_as_an_uninterrupted_one(small, st
     proc, whole = stopped_on_2_ranks
     stop = check_stopped_early(proc, whole, 8)
     split = tmp_path / "split"
-    assert_clean(run_script("04", *small, "--epochs", 2, "--output-dir", split, nproc=2))
-    proc = run_script("04", *small, "--epochs", 8, "--resume", "auto", "--output-dir", split, nproc=2)
+    assert_clean(run_trainer("ddp", *small, "--epochs", 2, "--output-dir", split, nproc=2))
+    proc = run_trainer("ddp", *small, "--epochs", 8, "--resume", "auto", "--output-dir", split, nproc=2)
     assert check_stopped_early(proc, split, 8) == stop
     assert rows(split) == rows(whole)  # the same epochs, losses and accuracies: the early-stopping state survived

@@ -8,7 +8,7 @@ import torch
 import fsdp_workers
 from common.launcher import launch
 from common.model import Net
-from lessons import assert_clean, metrics, run_script
+from lessons import assert_clean, metrics, run_trainer
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +33,15 @@ def test_sharded_pieces_equal_a_plain_net(tmp_path):
 
 
 def test_init_from_lesson_04_checkpoint_with_amp_and_clip(small, tmp_path):
-    """A lesson 04 checkpoint (its "model") loads into the sharded model; lr 1e-30 keeps it, so the export equals it
+    """The trainer's fsdp2: a lesson 04 checkpoint (its "model") loads into the sharded model; lr 1e-30 keeps it, so the export equals it
     (to 1e-20: a step of 1e-30 x an update of order 1 shows only on weights that are themselves that small)."""
     torch.manual_seed(7)
     weights = Net().state_dict()
     ckpt = tmp_path / "ckpt-e0003-s0000000.pt"
     torch.save({"model": weights, "optimizer": {}, "progress": {"epoch": 4}}, ckpt)  # the keys lesson 04 writes
     out = tmp_path / "run"
-    proc = run_script("05", *small, "--test-samples", 64, "--init-from", ckpt, "--lr", 1e-30, "--amp",
-                      "--clip-grad", 0.5, "--output-dir", out, nproc=2)
+    proc = run_trainer("fsdp2", *small, "--test-samples", 64, "--init-from", ckpt, "--lr", 1e-30, "--amp",
+                       "--clip-grad", 0.5, "--output-dir", out, nproc=2)
     assert_clean(proc)
     assert metrics(out)["args"]["amp"] == "auto" and metrics(out)["epochs"][0]["test_samples"] == 64
     exported = torch.load(out / "model_full.pt", weights_only=True)

@@ -1,5 +1,5 @@
 """GPU problems, checked on a CPU machine: check_env.py's NOT READY lines, the lessons' refusal to train
-on the CPU in a Slurm GPU job, and --amp's choice between bfloat16 and float16 with gradient scaling.
+on the CPU in a Slurm GPU job (the trainer's), and --amp's choice between bfloat16 and float16 with gradient scaling.
 
 Each GPU situation is simulated: torch's CUDA queries are patched in this process (monkeypatch), and nvidia-smi is
 a stand-in script first on PATH that answers `--query-gpu=...` as a real one does (or is absent).
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lessons import ROOT, SCRIPTS, metrics
+from lessons import ROOT, metrics, trainer
 
 from common.amp import autocast_dtype
 from common.distributed import pick_device
@@ -211,13 +211,14 @@ def test_pick_device_refuses_the_cpu_in_a_gpu_job(monkeypatch, tmp_path):
 
 
 @needs_no_gpu
-def test_a_real_lesson_in_a_gpu_job_stops_before_training(tmp_path):
-    """The bug this guards against: lesson 02 in a job with SLURM_GPUS_ON_NODE=1 trained on the CPU, silently."""
+def test_the_trainer_in_a_gpu_job_stops_before_training(tmp_path):
+    """The bug this guards against: lesson 02 (now trainer --parallel single) in a job with SLURM_GPUS_ON_NODE=1
+    trained on the CPU, silently."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(SLURM_JOB_ID="1", SLURM_GPUS_ON_NODE="1", CUDA_VISIBLE_DEVICES="0", OMP_NUM_THREADS="1",
                PATH=f"{tmp_path / 'bin'}:{os.path.dirname(sys.executable)}:/usr/bin:/bin")
     fake_nvidia_smi(tmp_path, V100.format(driver="535.104.05"))
-    done = subprocess.run([sys.executable, str(SCRIPTS["02"]), "--data", "synthetic", "--data-dir", tmp_path / "data",
+    done = subprocess.run([sys.executable, *trainer("single"), "--data", "synthetic", "--data-dir", tmp_path / "data",
                            "--epochs", "1", "--output-dir", tmp_path / "out"], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
     assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
@@ -277,16 +278,14 @@ def test_amp_choice_on_the_cpu(capsys):
 
 
 def test_a_float16_step_that_overflows_is_skipped(tmp_path):
-    """Lesson 02's own train() with float16 autocast on the CPU: a loss scale so large that the gradients overflow
-    skips the optimizer step (weights unchanged) and halves the scale; a sane one trains."""
+    """The trainer's single train() (lesson 02's loop) with float16 autocast on the CPU: a loss scale so large that
+    the gradients overflow skips the optimizer step (weights unchanged) and halves the scale; a sane one trains."""
     from common.cli import base_parser
     from common.model import Net
     from common.optim import make_optimizer, make_scheduler
     from common.position import Position
     from common.signals import StopSignals
-    spec = importlib.util.spec_from_file_location("mnist_singlegpu", SCRIPTS["02"])
-    lesson = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lesson)
+    from trainer import single as lesson
     args = base_parser("02", "test").parse_args(["--optimizer", "sgd", "--lr", "0.1", "--output-dir", str(tmp_path)])
     torch.manual_seed(0)
     batches = [(torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,)))]
@@ -304,7 +303,7 @@ def test_a_float16_step_that_overflows_is_skipped(tmp_path):
 
 
 @needs_no_gpu
-def test_lesson_02_float16_on_the_cpu_resumes_exactly(tmp_path, synthetic_dir):
+def test_the_trainers_single_float16_on_the_cpu_resumes_exactly(tmp_path, synthetic_dir):
     """--amp fp16 end to end: the choice is printed, the loss scale is checkpointed, and a resumed run equals an
     uninterrupted one (float16 on the CPU is slow: a tiny run)."""
     flags = ["--data", "synthetic", "--data-dir", synthetic_dir, "--train-samples", 32, "--test-samples", 16,
@@ -312,7 +311,7 @@ def test_lesson_02_float16_on_the_cpu_resumes_exactly(tmp_path, synthetic_dir):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"}
 
     def lesson(*more):
-        done = subprocess.run([sys.executable, str(SCRIPTS["02"]), *map(str, flags + list(more))], capture_output=True,
+        done = subprocess.run([sys.executable, *trainer("single"), *map(str, flags + list(more))], capture_output=True,
                               text=True, env=env, cwd=ROOT, timeout=300)
         assert done.returncode == 0 and "Warning" not in done.stdout + done.stderr, done.stdout + done.stderr
         return done.stdout
@@ -330,11 +329,9 @@ def test_lesson_02_float16_on_the_cpu_resumes_exactly(tmp_path, synthetic_dir):
     assert metrics(tmp_path / "whole")["args"]["amp"] == "fp16"
 
 
-def test_lesson_03_names_the_path_between_gpus(monkeypatch):
-    """DataParallel copies through GPU 0 at every step: lesson 03 says whether those copies go peer to peer."""
-    spec = importlib.util.spec_from_file_location("mnist_dpmodel", SCRIPTS["03"])
-    lesson = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lesson)
+def test_the_trainers_dp_names_the_path_between_gpus(monkeypatch):
+    """DataParallel copies through GPU 0 at every step: trainer --parallel dp says whether they go peer to peer."""
+    from trainer import dp as lesson
     assert lesson.describe_gpu_paths(1) == "one device: no copies between GPUs"
     monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda a, b: b == 1)  # GPU 2 only through the host
     lines = lesson.describe_gpu_paths(3).splitlines()

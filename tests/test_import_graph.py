@@ -1,5 +1,5 @@
 """No import circle anywhere in the course: common/, the lesson folders (scripts, workers, solutions),
-benchmarks/ and troubleshooting/ (the tests are not course code).
+benchmarks/, trainer/ and troubleshooting/ (the tests are not course code).
 
 The graph is read with `ast`, so it holds every import statement, also those inside functions: a circle
 closed by a function-level import (errors.run importing get_rank from distributed, which imports errors)
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lessons import ROOT
 
-PACKAGES = ("common", "benchmarks")  # imported as `common.x`, `benchmarks.x`
+PACKAGES = ("common", "benchmarks", "trainer")  # imported as `common.x`, `benchmarks.x`, `trainer.x`
 SCRIPT_DIRS = ("troubleshooting", *sorted(p.name for p in ROOT.glob("0[0-9]_*") if p.is_dir()))
 
 
@@ -100,7 +100,7 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_top_level_and_function_level_imports():
     edges = graph()
-    assert "common.exits" in edges["04_ddp_training/mnist_ddpmodel"]
+    assert "common.exits" in edges["04_ddp_training/mnist_ddpmodel"] and "common.exits" in edges["trainer.ddp"]
     assert "common.distributed" in edges["common.exits"]
     assert "common.download" in edges["common.data"] and "common.files" in edges["common.config"]
     assert len(edges) > 40, sorted(edges)

@@ -20,7 +20,7 @@ import pytest
 from bad_input_runs import torchrun_report_problems
 from common.exits import run
 from common.signals import CTRL_C_REPEAT_S, StopSignals
-from lessons import ROOT, SCRIPTS, assert_clean, metrics, run_script
+from lessons import PARALLEL, ROOT, assert_clean, metrics, run_trainer, trainer
 
 pytestmark = pytest.mark.timeout(300)  # each run below has its own 150 s deadline
 INJECT = str(ROOT / "tests" / "inject")
@@ -94,8 +94,8 @@ class Terminal:
 
 
 def torchrun(lesson, *args):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPTS[lesson]),
-            *map(str, args)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            *trainer(PARALLEL[lesson]), *map(str, args)]
 
 
 def checkpoints(out: Path) -> list[str]:
@@ -107,10 +107,10 @@ def no_traceback(lines):
     assert not [line for line in lines if "Traceback" in line], "\n".join(lines)
 
 
-# ---- lesson 04, torchrun with 2 ranks ------------------------------------------------------------------------
+# ---- trainer --parallel ddp, torchrun with 2 ranks --------------------------------------------------------------
 
-def test_ctrl_c_in_lesson_04_under_torchrun_stops_every_rank_at_one_step(small, tmp_path):
-    """A learner pressed Ctrl-C during epoch 1 of `torchrun --nproc_per_node=2 mnist_ddpmodel.py`: both ranks agree
+def test_ctrl_c_in_the_trainers_ddp_under_torchrun_stops_every_rank_at_one_step(small, tmp_path):
+    """A learner pressed Ctrl-C in epoch 1 of `torchrun ... trainer/train.py --parallel ddp`: both ranks agree
     to stop at step 20 (the vote of step 10, read at step 20), ONE `stopped by` line, a checkpoint; torchrun then
     reports its own SignalException and exits 1; the same command with --resume auto finishes the job."""
     args = [*small, "--train-samples", 1600, "--output-dir", tmp_path]  # 25 steps per rank and epoch
@@ -128,7 +128,7 @@ def test_ctrl_c_in_lesson_04_under_torchrun_stops_every_rank_at_one_step(small, 
     assert not found, "\n".join(found + job.lines[-40:])
     assert job.lines[-1].endswith("got signal: 2"), job.lines[-3:]
     assert checkpoints(tmp_path) == ["ckpt-e0000-s0000020.pt"]
-    resumed = run_script("04", *args, "--resume", "auto", nproc=2, timeout=DEADLINE_S)
+    resumed = run_trainer("ddp", *args, "--resume", "auto", nproc=2, timeout=DEADLINE_S)
     assert_clean(resumed)
     assert "continuing at epoch 1 step 20" in resumed.stdout, resumed.stdout
     assert [e["epoch"] for e in metrics(tmp_path)["epochs"]] == [1, 2]
@@ -136,14 +136,13 @@ def test_ctrl_c_in_lesson_04_under_torchrun_stops_every_rank_at_one_step(small, 
 
 # ---- a second Ctrl-C ---------------------------------------------------------------------------------------
 
-# The child: lesson 02 as its __main__ runs it, except that the checkpoint of the first Ctrl-C waits (up to 60 s)
+# The child: trainer/single.py as train.py runs it, except that the checkpoint of the first Ctrl-C waits (up to 60 s)
 # before it saves, so that the test's second Ctrl-C provably arrives WHILE the first stop is still in progress.
 SLOW_SAVE = f"""
 import sys, time
-sys.path[:0] = [{str(ROOT / 'tests')!r}]
-from bad_inputs import load_script
+sys.path[:0] = [{str(ROOT)!r}]
 from common.exits import run
-lesson = load_script("02")
+from trainer import single as lesson
 save = lesson.save_checkpoint
 def save_slowly(*args, **kwargs):
     print("test: the first Ctrl-C's checkpoint is being saved", flush=True)
@@ -156,7 +155,7 @@ run(lesson.main, sys.argv[1:])
 """
 
 
-def test_a_second_ctrl_c_during_the_checkpoint_stops_lesson_02_at_once(small, tmp_path):
+def test_a_second_ctrl_c_during_the_checkpoint_stops_the_trainers_single_at_once(small, tmp_path):
     """A learner pressed Ctrl-C, and again more than 2 s later while the checkpoint was still being written:
     the run ends at once, one `interrupted (Ctrl-C)` line, exit 130, no traceback, no (half) checkpoint."""
     job = Terminal([sys.executable, "-c", SLOW_SAVE, *map(str, [*small, "--train-samples", 640, "--output-dir",

@@ -1,12 +1,13 @@
-"""A stop requested after the last vote, for real under torchrun (lessons 05-08, 2 gloo ranks, 2 epochs).
+"""A stop requested after the last vote, for real under torchrun (the trainer's fsdp2, 2d and pp; lesson 08; 2 gloo
+ranks, 2 epochs).
 
-Slurm's SIGUSR1 reaches rank 1 alone during the last epoch's test (tests/inject/sitecustomize.py's SIGNAL_AT_EVAL=1:2:
-its second pass over the test set): after that epoch's stop vote, before its checkpoint. After the loop the lessons
-run collectives (05-07 gather the full weights into model_full.pt, 08 exports): one more vote makes every rank skip
-them, or none. Without it rank 1 alone skipped them and left rank 0 alone in an all-gather (on gloo: the job failed,
-exit 1; a collective whose peer never comes waits for the process group's timeout, 600 s). Every rank exits in
-time, one `stopped by` line names the checkpoint already saved (the last epoch's), and --resume auto, with nothing
-left to train, writes what the stopped run did not.
+Slurm's SIGUSR1 reaches rank 1 alone during the last epoch's test (tests/inject/sitecustomize.py's
+SIGNAL_AT_EVAL=1:2: its second pass over the test set): after that epoch's stop vote, before its checkpoint. After
+the loop the scripts run collectives (the trainer's fsdp2, 2d and pp gather the full weights into model_full.pt, 08
+exports): one more vote makes every rank skip them, or none. Without it rank 1 alone skipped them and left rank 0
+alone in an all-gather (on gloo: the job failed, exit 1; a collective whose peer never comes waits for the process
+group's timeout, 600 s). Every rank exits in time, one `stopped by` line names the checkpoint already saved (the
+last epoch's), and --resume auto, with nothing left to train, writes what the stopped run did not.
 """
 import os
 import subprocess
@@ -14,23 +15,23 @@ import sys
 
 import pytest
 
-from lessons import INJECT, ROOT, SCRIPTS, assert_clean, metrics
+from lessons import INJECT, PARALLEL, ROOT, assert_clean, metrics, trainer
 from test_interrupts import DEADLINE_S, Terminal, checkpoints
 
 pytestmark = pytest.mark.timeout(400)
-SCRIPT = {**SCRIPTS, "08": ROOT / "08_your_model" / "digits_lm.py"}
 ENV = {"HF_HUB_OFFLINE": "1"}  # lesson 08: nothing from the Hub
 STOPPED = ("stopped by SIGUSR1 after epoch 2, checkpoint saved: not a Slurm job: restart it yourself with "
            "--resume auto")
 
 
 def torchrun(lesson: str, *args) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT[lesson]),
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            *([str(ROOT / "08_your_model" / "digits_lm.py")] if lesson == "08" else trainer(PARALLEL[lesson])),
             *map(str, args)]
 
 
 def flags(lesson: str, data_dir: str, out) -> list:
-    """A small run: 4 steps per rank and epoch, 40 test images; lesson 08 exports what 05-07 gather."""
+    """A small run: 4 steps per rank and epoch, 40 test images; lesson 08 exports what the trainer gathers."""
     common = ["--data", "synthetic", "--data-dir", data_dir, "--train-samples", 128, "--test-samples", 40,
               "--batch-size", 16, "--epochs", 2, "--output-dir", out]
     if lesson == "08":

@@ -3,7 +3,7 @@ import pytest
 
 import workers
 from common.launcher import launch
-from lessons import assert_clean, metrics, run_script
+from lessons import assert_clean, metrics, run_trainer
 
 RECIPE = dict(optimizer="sgd", lr=0.1, lr_scaling="linear", schedule="step", gamma=0.5, warmup_steps=4,
               epochs=2, grad_accum=1)
@@ -35,7 +35,7 @@ def test_onecycle_rises_then_anneals():
 
 
 def test_target_accuracy_ends_the_run_and_records_the_time(synthetic_dir, tmp_path):
-    proc = run_script("02", "--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", 0,
+    proc = run_trainer("single", "--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", 0,
                       "--train-samples", 2000, "--test-samples", 500, "--epochs", 5, "--optimizer", "adamw",
                       "--lr", "3e-3", "--target-accuracy", 0.8, "--output-dir", tmp_path)
     assert_clean(proc)

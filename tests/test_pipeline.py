@@ -14,7 +14,7 @@ import torch
 from common.exits import run
 from common.launcher import launch
 from common.model import Net
-from lessons import INJECT, ROOT, assert_clean, metrics, run_script
+from lessons import INJECT, ROOT, assert_clean, metrics, run_trainer
 from test_notebook_07 import check_step
 
 import pp_workers  # tests/pp_workers.py: it puts lesson 07's folder on sys.path
@@ -176,19 +176,19 @@ def test_the_smallest_example_under_plain_python(capsys, monkeypatch):
                                              "it with torchrun --standalone --nproc_per_node=2"), err
 
 
-def test_the_script_stops_on_sigusr1_saves_and_resumes(synthetic_dir, tmp_path):
-    """2 ranks, 1F1B: 25 steps an epoch; rank 1 gets SIGUSR1 at step 5, every rank stops at step 20 (the vote of
+def test_the_trainers_pp_stops_on_sigusr1_saves_and_resumes(synthetic_dir, tmp_path):
+    """trainer --parallel pp, 2 ranks, 1F1B: 25 steps an epoch; rank 1 gets SIGUSR1 at step 5, every rank stops at step 20 (the vote of
     step 10, read at step 20) and saves its stage; --resume auto finishes the epoch and a second one."""
     out = tmp_path / "run"
     args = ["--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", 0, "--train-samples", 207,
             "--test-samples", 101, "--batch-size", 8, "--test-batch-size", 40, "--epochs", 2, "--output-dir", out]
-    proc = run_script("07", *args, nproc=2, env={**INJECT, "FAIL_AT_STEP": "1:5:USR1"})
+    proc = run_trainer("pp", *args, nproc=2, env={**INJECT, "FAIL_AT_STEP": "1:5:USR1"})
     assert_clean(proc)
     assert "lesson 07: 2 processes, mesh pp 2 x dp 1, 1f1b: 2 stages" in proc.stdout, proc.stdout
     assert "stopped by SIGUSR1 at epoch 1 step 20, checkpoint saved" in proc.stdout, proc.stdout
     saved = out / "checkpoints" / "ckpt-e0000-s0000020"
     assert (saved / ".metadata").is_file() and len(list(saved.glob("*.distcp"))) == 2  # each rank its own stage
-    proc = run_script("07", *args, "--resume", "auto", nproc=2)
+    proc = run_trainer("pp", *args, "--resume", "auto", nproc=2)
     assert_clean(proc)
     assert "continuing at epoch 1 step 20" in proc.stdout, proc.stdout
     rows = metrics(out)["epochs"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from common.launcher import WorkerError, launch
-from lessons import INJECT, SCRIPTS, assert_clean, metrics, run_script
+from lessons import INJECT, PARALLEL, ROOT, assert_clean, metrics, run_trainer
 
 
 @pytest.fixture(scope="module")
@@ -49,23 +49,23 @@ def test_sigusr1_mid_epoch_stops_all_ranks_saves_and_resumes_exactly(lesson, sma
     the last resume ends where the uninterrupted run did."""
     whole, hit = tmp_path / "whole", tmp_path / "hit"
     args = [*small, *EXACT, "--epochs", 3]
-    assert_clean(run_script(lesson, *args, "--output-dir", whole, nproc=2))  # the uninterrupted reference
+    assert_clean(run_trainer(PARALLEL[lesson], *args, "--output-dir", whole, nproc=2))  # the uninterrupted reference
     saved = f"ckpt-e0000-s0000020{'' if lesson == '05' else '.pt'}"  # lesson 05: a DCP folder
     # Rank 1 alone gets SIGUSR1 at step 5 of epoch 1; the vote of step 10 carries it, every rank reads it at the
     # next check (step 20) and stops there.
-    proc = run_script(lesson, *args, "--output-dir", hit, nproc=2, env={**INJECT, "FAIL_AT_STEP": "1:5:USR1"})
+    proc = run_trainer(PARALLEL[lesson], *args, "--output-dir", hit, nproc=2, env={**INJECT, "FAIL_AT_STEP": "1:5:USR1"})
     assert_clean(proc)
     assert "stopped by SIGUSR1 at epoch 1 step 20, checkpoint saved: not a Slurm job" in proc.stdout, proc.stdout
     assert [p.name for p in (hit / "checkpoints").iterdir()] == [saved]
     # The resumed run: rank 1 alone gets SIGTERM at step 23, after the epoch's last check (20): the vote at the
     # epoch's end stops every rank there, before the test (on its own, rank 1 would have saved while rank 0 waited
     # in the test's all_reduce).
-    proc = run_script(lesson, *args, "--output-dir", hit, "--resume", "auto", nproc=2,
+    proc = run_trainer(PARALLEL[lesson], *args, "--output-dir", hit, "--resume", "auto", nproc=2,
                       env={**INJECT, "FAIL_AT_STEP": "1:23:TERM", "DIST_TIMEOUT_SECONDS": "60"})
     assert_clean(proc)
     assert "resume: from" in proc.stdout and "stopped by SIGTERM at epoch 1 step 25, checkpoint saved" in proc.stdout
     assert newest(hit).name == saved.replace("s0000020", "s0000025")
-    proc = run_script(lesson, *args, "--output-dir", hit, "--resume", "auto", nproc=2)
+    proc = run_trainer(PARALLEL[lesson], *args, "--output-dir", hit, "--resume", "auto", nproc=2)
     assert_clean(proc)
     assert [e["epoch"] for e in metrics(hit)["epochs"]] == [1, 2, 3]  # every epoch exactly once
     # the same losses too: each rank resumed the interrupted epoch with its OWN loss sums
@@ -78,7 +78,7 @@ def test_sigusr1_mid_epoch_stops_all_ranks_saves_and_resumes_exactly(lesson, sma
 
 def test_a_failing_rank_ends_the_torchrun_job_quickly(small, tmp_path):
     start = time.monotonic()
-    proc = run_script("04", *small, "--epochs", 1, "--output-dir", tmp_path, nproc=2, timeout=120,
+    proc = run_trainer("ddp", *small, "--epochs", 1, "--output-dir", tmp_path, nproc=2, timeout=120,
                       env={**INJECT, "FAIL_AT_STEP": "1:3", "DIST_TIMEOUT_SECONDS": "20"})
     assert proc.returncode != 0 and time.monotonic() - start < 60
     assert "rank 1 fails at step 3" in proc.stdout + proc.stderr
@@ -86,8 +86,8 @@ def test_a_failing_rank_ends_the_torchrun_job_quickly(small, tmp_path):
 
 def test_a_failing_rank_ends_the_notebook_launcher_quickly(small, tmp_path, monkeypatch):
     import importlib
-    monkeypatch.syspath_prepend(str(SCRIPTS["04"].parent))  # the workers import the lesson script by name
-    module = importlib.import_module("mnist_ddpmodel")
+    monkeypatch.syspath_prepend(str(ROOT))  # the workers import the trainer's module by name
+    module = importlib.import_module("trainer.ddp")
     monkeypatch.setenv("FAIL_AT_STEP", "1:2")
     monkeypatch.setenv("PYTHONPATH", INJECT["PYTHONPATH"])  # the spawned workers load tests/inject/sitecustomize
     start = time.monotonic()
@@ -112,4 +112,4 @@ def test_master_port_in_use_is_one_line(small, tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        one_line_error(run_script("04", *small, "--output-dir", tmp_path / "y", env=env), f"MASTER_PORT {port}", "in use")
+        one_line_error(run_trainer("ddp", *small, "--output-dir", tmp_path / "y", env=env), f"MASTER_PORT {port}", "in use")

@@ -21,8 +21,8 @@ SYS_PATH_LINE = "sys.path.insert(0, str(Path(__file__).resolve().parents[1]))"
 
 
 def lesson_files(course: Path) -> set[str]:
-    """Every file and folder inside the lesson folders, but Python's bytecode caches (not the run's doing)."""
-    return {str(p.relative_to(course)) for lesson in course.glob("0*") for p in lesson.rglob("*")
+    """Every file and folder inside the lesson folders and trainer/, but Python's bytecode caches (not the run's)."""
+    return {str(p.relative_to(course)) for lesson in (*course.glob("0*"), course / "trainer") for p in lesson.rglob("*")
             if "__pycache__" not in p.parts}
 
 
@@ -31,16 +31,16 @@ def env(**changes) -> dict:
     return {**base, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **changes}
 
 
-def test_a_lesson_run_from_its_folder_reads_and_writes_in_the_course_folder(tmp_path):
+def test_a_trainer_run_from_its_folder_reads_and_writes_in_the_course_folder(tmp_path):
     course = copy_course(ROOT, tmp_path / "course")
     before = lesson_files(course)
-    done = subprocess.run([sys.executable, "mnist_singlegpu.py", *TINY], cwd=course / "02_singlegpu_training",
+    done = subprocess.run([sys.executable, "train.py", "--parallel", "single", *TINY], cwd=course / "trainer",
                           env=env(), capture_output=True, text=True, timeout=300)
     out = done.stdout + done.stderr
     assert done.returncode == 0 and "Traceback" not in out, out[-3000:]
     assert f"working in the course folder {course.resolve()}:" in out.splitlines()[0], out[-3000:]
     assert lesson_files(course) == before, sorted(lesson_files(course) - before)
-    assert len(list((course / "runs").glob("*/metrics.json"))) == 1  # the default --output-dir, runs/LESSON
+    assert (course / "runs" / "trainer-single" / "metrics.json").is_file()  # the default --output-dir
     assert (course / "data" / "synthetic" / "MNIST" / "raw").is_dir()  # the default --data-dir, data/
 
 
@@ -72,14 +72,14 @@ def site_packages_without(tmp_path: Path, *missing: str) -> Path:
     return farm
 
 
-def test_a_lesson_runs_without_the_course_installed_from_any_folder(tmp_path):
+def test_the_trainer_runs_without_the_course_installed_from_any_folder(tmp_path):
     course = copy_course(ROOT, tmp_path / "course")
     python = [sys.executable, "-S"]  # no site: this venv's site-packages (and the course's install) are not seen
     site = {"PYTHONPATH": str(site_packages_without(tmp_path)), "PYTHONNOUSERSITE": "1"}
     probe = subprocess.run([*python, "-c", "import torch, common"], cwd=tmp_path, env=env(**site),
                            capture_output=True, text=True, timeout=120)
     assert "No module named 'common'" in probe.stderr, probe.stderr  # torch is there, the course is not
-    done = subprocess.run([*python, str(course / "02_singlegpu_training" / "mnist_singlegpu.py"), *TINY],
+    done = subprocess.run([*python, str(course / "trainer" / "train.py"), "--parallel", "single", *TINY],
                           cwd=tmp_path, env=env(**site), capture_output=True, text=True, timeout=300)
     out = done.stdout + done.stderr
     assert done.returncode == 0 and "Traceback" not in out, out[-3000:]
@@ -99,7 +99,8 @@ def test_a_missing_package_is_one_line_naming_the_fix(tmp_path):
 
 def test_every_lesson_script_finds_common_without_an_install():
     """The line that makes the course folder importable comes before the script's first `common` import."""
-    scripts = [p for folder in (*ROOT.glob("0*"), ROOT / "troubleshooting") for p in folder.glob("*.py")
+    folders = (*ROOT.glob("0*"), ROOT / "troubleshooting", ROOT / "trainer")
+    scripts = [p for folder in folders for p in folder.glob("*.py")
                if '__name__ == "__main__"' in p.read_text() and re.search(r"^(from|import) common", p.read_text(), re.M)]
     assert len(scripts) >= 13, scripts
     for script in scripts:

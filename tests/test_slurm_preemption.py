@@ -1,4 +1,5 @@
-"""Preemption and requeue on the real two-node test cluster, with the lesson 04 scripts UNCHANGED.
+"""Preemption and requeue on the real two-node test cluster: trainer/slurm_train.sh runs trainer/train.py --parallel
+ddp UNCHANGED, in its two shapes (srun starts every process; one torchrun per node).
 
 A job trains 3 epochs. At step 5 of epoch 1, rank 0 reports it in the log and waits (the test's fault
 injection, PYTHONPATH=tests/inject FAIL_AT_STEP=0:5:WAIT); on that line the test sends what Slurm sends
@@ -26,28 +27,31 @@ from pathlib import Path
 
 import pytest
 
-from test_slurm_lessons import LEAKY, ROOT, SCRIPTS
+from test_slurm_lessons import LEAKY, ROOT
 
 EPOCHS = 3
 TRAIN_SAMPLES = 4000
 TEST_SAMPLES = 200
 INJECT = {"PYTHONPATH": str(ROOT / "tests" / "inject")}  # loads tests/inject/sitecustomize.py in every process
 WAIT_AT = {**INJECT, "FAIL_AT_STEP": "0:5:WAIT"}  # rank 0 says where it is, then waits for the signal
+SCRIPT = ROOT / "trainer" / "slurm_train.sh"
 SHAPES = {  # name -> (cpus per task, environment, signal): the test nodes have 2 CPUs each
-    # (one node, srun + torchrun --standalone, is the two-node torchrun shape's simpler case: left out for time)
-    "ddp_multinode": (2, {"NPROC_PER_NODE": "2"}, "USR1"),  # two nodes, srun + torchrun (c10d), world size 4
-    "ddp_srun": (1, {}, "USR1"),  # two nodes, srun starts the 4 processes
+    # two nodes, srun + torchrun (c10d), world size 4
+    "torchrun": (2, {"TRAINER_LAUNCHER": "torchrun", "NPROC_PER_NODE": "2"}, "USR1"),
+    "srun": (1, {}, "USR1"),  # two nodes, srun starts the 4 processes
 }
 PHASE_TIMEOUT_S = 150  # deadline for each of: reaching epoch 1; from the signal to the end (a few seconds when idle)
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")  # not COMPLETING: processes left
 
 
-def submit(cluster, name, workdir, cpus, env, args):
-    """sbatch as a learner would, from the course folder; outputs under workdir (OUTPUT_ROOT)."""
+def submit(cluster, workdir, cpus, env, args):
+    """sbatch trainer/slurm_train.sh --parallel ddp ARGS as a learner would, from the course folder; outputs under
+    workdir (OUTPUT_ROOT). The torchrun shape runs one task per node."""
     full_env = {k: v for k, v in cluster.env.items() if k not in LEAKY}
     full_env.update(env, OUTPUT_ROOT=str(workdir / "runs"))
-    cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--cpus-per-task={cpus}", str(ROOT / SCRIPTS[name][0]),
-           *map(str, args)]
+    per_node = ["--ntasks-per-node=1"] if env.get("TRAINER_LAUNCHER") == "torchrun" else []
+    cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--cpus-per-task={cpus}", *per_node, str(SCRIPT),
+           "--parallel", "ddp", *map(str, args)]
     done = subprocess.run(cmd, env=full_env, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, f"{' '.join(cmd)}: {done.stderr}"
     return int(done.stdout.strip().split(";")[0])
@@ -99,7 +103,7 @@ def test_signal_checkpoints_requeues_and_resumes(slurm_cluster, synthetic_dir, t
     cpus, env, sig = SHAPES[name]
     (tmp_path / "logs").mkdir()
     t0 = time.monotonic()
-    job_id = submit(slurm_cluster, name, tmp_path, cpus, {**env, **WAIT_AT}, [
+    job_id = submit(slurm_cluster, tmp_path, cpus, {**env, **WAIT_AT}, [
         "--device", "cpu", "--data", "synthetic", "--data-dir", synthetic_dir, "--epochs", EPOCHS,
         "--train-samples", TRAIN_SAMPLES, "--test-samples", TEST_SAMPLES, "--num-workers", 0])
     waiting = "inject: rank 0 waits at epoch 1 step 5"
@@ -136,7 +140,7 @@ def test_signal_checkpoints_requeues_and_resumes(slurm_cluster, synthetic_dir, t
     metrics = json.loads((out_dir / "metrics.json").read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3], metrics["epochs"]
     assert all(e["test_samples"] == TEST_SAMPLES for e in metrics["epochs"])
-    assert metrics["world_size"] == (2 if name == "ddp" else 4) and metrics["args"]["resume"] == "auto"
+    assert metrics["world_size"] == 4 and metrics["args"]["resume"] == "auto"
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [f"{job_name}-{job_id}"]
     assert not (ROOT / "runs" / f"{job_name}-{job_id}").exists()  # OUTPUT_ROOT moved it out of the course
     resumed = re.search(r"^resume: from .*$", log, re.M)[0]
@@ -151,7 +155,7 @@ def test_a_failing_rank_fails_the_srun_job_quickly(slurm_cluster, synthetic_dir,
     deadline of run_to_the_end (PHASE_TIMEOUT_S) is far below it."""
     (tmp_path / "logs").mkdir()
     t0 = time.monotonic()
-    job_id = submit(slurm_cluster, "ddp_srun", tmp_path, 1, {**INJECT, "FAIL_AT_STEP": "1:3", "DIST_TIMEOUT_SECONDS": "600"}, [
+    job_id = submit(slurm_cluster, tmp_path, 1, {**INJECT, "FAIL_AT_STEP": "1:3", "DIST_TIMEOUT_SECONDS": "600"}, [
         "--device", "cpu", "--data", "synthetic", "--data-dir", synthetic_dir, "--epochs", 1,
         "--train-samples", 4096, "--test-samples", TEST_SAMPLES, "--num-workers", 0])
     info, _ = run_to_the_end(slurm_cluster, job_id)
@@ -173,7 +177,7 @@ def test_a_cancelled_job_stays_cancelled(slurm_cluster, synthetic_dir, tmp_path)
     still run `scontrol requeue`); once CANCELLED is final, none is left. A requeue shows on the way as
     Restarts > 0 or PENDING/REQUEUED, and fails the test at once."""
     (tmp_path / "logs").mkdir()
-    job_id = submit(slurm_cluster, "ddp_srun", tmp_path, 1, {}, [
+    job_id = submit(slurm_cluster, tmp_path, 1, {}, [
         "--device", "cpu", "--data", "synthetic", "--data-dir", synthetic_dir, "--epochs", 50,
         "--train-samples", 1000, "--test-samples", TEST_SAMPLES, "--num-workers", 0])
     wait_for(slurm_cluster, job_id, lambda: "epoch 1 |" in read_log(slurm_cluster, job_id), "epoch 1")

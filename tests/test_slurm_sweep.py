@@ -40,7 +40,8 @@ def test_sweep_script_and_table_agree():
     assert d["--array"] == f"0-{len(table_rows()) - 1}" and d["--output"] == "logs/%x-%A_%a.out"
     assert d["--ntasks-per-node"] == d["--gpus-per-node"] and d["--signal"] == "USR1@120" and "--requeue" in d
     assert f"\n{SOURCE_LINE}  # " in body and "\nstage_data  #" in body and "\nsweep_row " in body
-    assert body.rstrip().endswith('"${SWEEP_ARGS[@]}" --output-dir "$OUTPUT_DIR" --resume auto "$@"')
+    assert body.rstrip().endswith('python "$COURSE_DIR/trainer/train.py" --parallel ddp "${SWEEP_ARGS[@]}" '
+                                  '--output-dir "$OUTPUT_DIR" --resume auto "$@"')  # the trainer: metrics.json
     assert [sorted(r) for r in table_rows()] == [["lr", "seed"]] * 4
 
 
@@ -157,6 +158,7 @@ def test_array_of_four_configurations(slurm_cluster, synthetic_dir, tmp_path):
         ports[i] = port
         metrics = json.loads((tmp_path / "runs" / f"sweep-{array_id}" / f"task-{i}" / "metrics.json").read_text())
         assert (metrics["args"]["lr"], metrics["args"]["seed"]) == (float(rows[i]["lr"]), int(rows[i]["seed"]))
+        assert metrics["lesson"] == "trainer-ddp"  # the production trainer writes the metrics gather_sweep reads
         assert [e["test_samples"] for e in metrics["epochs"]] == [64], metrics["epochs"]
     assert len(set(ports.values())) == len(rows)
 

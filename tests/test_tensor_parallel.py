@@ -1,10 +1,9 @@
 """Lesson 06, for real on CPU with gloo: tensor parallelism on 2 ranks and a 2 x 2 mesh against a plain
 TPNet, each rank's pieces, the sampler by data-parallel rank, the collectives per step that the README derives,
-a checkpoint of a 2 x 2 run read back on 1 x 2 and 4 x 1, and one run of the script on real flags.
+a checkpoint of a 2 x 2 run read back on 1 x 2 and 4 x 1, and one run of trainer --parallel 2d (lesson 06's
+script with the trainer's metrics.json, config.yaml and model_full.pt) on real flags.
 
 Starting ranks is what costs (each imports torch): one torchrun run and two launches of in-process ranks."""
-import os
-import subprocess
 import sys
 
 import pytest
@@ -13,14 +12,13 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from common.exits import run
 from common.launcher import launch
-from lessons import ROOT, assert_clean, metrics
+from lessons import ROOT, assert_clean, metrics, run_trainer
 
 sys.path.insert(0, str(ROOT / "06_tensor_parallel"))
 import tp_workers  # noqa: E402
 from comm_bytes import held, predict  # noqa: E402
 
 BLOCKS, HIDDEN = 2, 16  # the size the workers build (tp_workers.checks' defaults)
-SCRIPT = ROOT / "06_tensor_parallel" / "mnist_tpmodel.py"
 
 
 def expected_collectives(dp: int, tp: int, blocks: int = BLOCKS) -> tuple[dict, dict]:
@@ -40,19 +38,14 @@ def expected_collectives(dp: int, tp: int, blocks: int = BLOCKS) -> tuple[dict, 
 
 @pytest.fixture(scope="module")
 def run_2x2(synthetic_dir, tmp_path_factory):
-    """The lesson script through torchrun: 4 processes, --tp 2 (a 2 x 2 mesh), one epoch, --clip-grad."""
+    """trainer --parallel 2d (lesson 06's code) through torchrun: 4 processes, --tp 2 (a 2 x 2 mesh), one epoch,
+    --clip-grad."""
     out = tmp_path_factory.mktemp("tp") / "run"
-    proc = run_script_06(["--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", "0",
-                          "--train-samples", 256, "--test-samples", 101, "--batch-size", 16, "--epochs", 1,
-                          "--tp", 2, "--blocks", BLOCKS, "--hidden", HIDDEN, "--clip-grad", 1.0, "--output-dir", out])
+    proc = run_trainer("2d", "--data", "synthetic", "--data-dir", synthetic_dir, "--num-workers", "0",
+                       "--train-samples", 256, "--test-samples", 101, "--batch-size", 16, "--epochs", 1,
+                       "--tp", 2, "--blocks", BLOCKS, "--hidden", HIDDEN, "--clip-grad", 1.0, "--output-dir", out,
+                       nproc=4)
     return proc, out
-
-
-def run_script_06(args, nproc=4):
-    """As tests/lessons.run_script does for lessons 01-05: torchrun --standalone, OMP_NUM_THREADS=1."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
 
 
 def test_the_script_trains_on_a_2x2_mesh(run_2x2):

@@ -4,7 +4,7 @@ Python imports `sitecustomize` at start-up from the first folder on sys.path tha
 this folder first on PYTHONPATH installs it in every Python process of a job (torchrun's workers, srun
 tasks, the notebook launcher's workers) without a line in the lessons:
 
-    PYTHONPATH=tests/inject FAIL_AT_STEP=1:12:USR1 torchrun --standalone --nproc_per_node=2 04_ddp_training/...
+    PYTHONPATH=tests/inject FAIL_AT_STEP=1:12:USR1 torchrun --standalone --nproc_per_node=2 trainer/train.py ...
 
 FAIL_AT_STEP=RANK:STEP[:ACTION], at that optimizer step of the first epoch the process trains:
     (no action)  that rank raises RuntimeError, like a crash

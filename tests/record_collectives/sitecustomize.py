@@ -1,13 +1,13 @@
 """Records every torch.distributed collective that a lesson script runs through `common`, for
 tests/test_collectives_visible.py. Installed from OUTSIDE the course's code, like tests/inject:
 
-    PYTHONPATH=tests/record_collectives RECORD_COLLECTIVES=FOLDER torchrun ... 04_ddp_training/mnist_ddpmodel.py ...
+    PYTHONPATH=tests/record_collectives RECORD_COLLECTIVES=FOLDER torchrun ... trainer/train.py --parallel ddp ...
 
 Each call of a wrapped collective walks the Python stack from the call outwards to the first frame of a lesson
-script (a file in a folder NN_name of the course). If a frame of common/ lies in between, the call is recorded: the
-collective's name, the common function that ran it, and the lesson's call site (file, first and last line of the
-call expression). Each rank writes FOLDER/rank-R.json at exit. A collective that another collective runs (e.g. the
-all_gather inside all_gather_object) is not recorded twice.
+script (a file in a folder NN_name of the course, or in trainer/). If a frame of common/ lies in between, the call
+is recorded: the collective's name, the common function that ran it, and the lesson's call site (file, first and
+last line of the call expression). Each rank writes FOLDER/rank-R.json at exit. A collective that another collective
+runs (e.g. the all_gather inside all_gather_object) is not recorded twice.
 """
 import os
 
@@ -35,12 +35,13 @@ if _FOLDER:
     _calls, _inside = [], threading.local()
 
     def _where(path: str):
-        """'common', 'lesson' or None (torch, tests, the standard library)."""
+        """'common', 'lesson' (a lesson's folder or trainer/) or None (torch, tests, the standard library)."""
         path = Path(path).resolve()
         if _COMMON in path.parents:
             return "common"
         parts = path.relative_to(_COURSE).parts if _COURSE in path.parents else ()
-        return "lesson" if parts and parts[0][:2].isdigit() and parts[0][2:3] == "_" else None
+        lesson = parts and (parts[0] == "trainer" or parts[0][:2].isdigit() and parts[0][2:3] == "_")
+        return "lesson" if lesson else None
 
     def _record(name: str) -> None:
         frame, through = sys._getframe(2), None  # the caller of the wrapper

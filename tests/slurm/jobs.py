@@ -31,7 +31,8 @@ TEST_SAMPLES = {"single": 77, "dp": 77, "ddp": 77, "fsdp": 77, "ddp_multinode": 
 # decide the outcome (site settings, or launcher variables left over from experiments).
 LEAKY = ("COURSE_DIR", "MODULES", "CONDA_ENV", "VENV", "WORKSHOP_DATA_DIR", "OUTPUT_ROOT", "NPROC_PER_NODE",
          "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "FAIL_AT_STEP",
-         "STAGE_DATA", "NODE_LOCAL_DIR", "APPTAINER_IMAGE", "NCCL_PLUGIN_DIR", "SWEEP_TABLE")
+         "STAGE_DATA", "NODE_LOCAL_DIR", "APPTAINER_IMAGE", "NCCL_PLUGIN_DIR", "SWEEP_TABLE",
+         "TRAINER_LAUNCHER")
 TRAINING = ("single", "dp", "ddp", "ddp_multinode", "ddp_srun", "fsdp", "apptainer")  # they checkpoint and resume
 PREEMPTIBLE = ("ddp", "ddp_multinode", "ddp_srun", "fsdp", "apptainer")  # from lesson 04 on: also stop on SIGUSR1
 RANK_LINE = re.compile(r"^\[rank (\d+)\] host (\S+) rank (\d+)/(\d+) local_rank (\d+) device (\S+) backend (\S+)$", re.M)
