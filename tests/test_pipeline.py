@@ -161,7 +161,7 @@ def test_microbatches_not_dividing_the_batch_is_one_line(tmp_path, capsys):
         run(lesson.main, ["--microbatches", "3", "--output-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and "\n" not in err, err
-    assert err == "error: --microbatches 3 must divide --batch-size and --test-batch-size (see mnist_ppmodel.py --help)"
+    assert err.startswith("error: --microbatches 3 must divide --batch-size and --test-batch-size"), err
 
 
 def test_the_smallest_example_under_torchrun():
