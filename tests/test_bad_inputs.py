@@ -149,7 +149,8 @@ def test_the_lesson_parser_has_every_shared_flag_with_the_shared_checks(lesson):
     from common.cli import base_parser
 
     mine = {action.dest: action for action in lesson_parser(lesson)._actions}
-    for shared in base_parser(load_script(lesson).LESSON, "")._actions:
+    name = Path(mine["output_dir"].default).name  # runs/NAME: trainer-<parallel> (tp.py names it per --parallel)
+    for shared in base_parser(name, "")._actions:
         assert shared.dest in mine, f"lesson {lesson} lacks {shared.option_strings}"
         for attr in ("option_strings", "type", "choices", "default", "nargs", "const", "required"):
             if attr == "default" and shared.dest in OWN_DEFAULTS.get(lesson, ()):
