@@ -10,7 +10,7 @@
 #   sbatch --nodes=4 -A my_account -p my_partition 06_tensor_parallel/slurm_submit_tp.sh
 #
 # Arguments after the script name go to mnist_tpmodel.py. Log: logs/tp-2d-<jobid>.out;
-# metrics and checkpoints: runs/tp-2d-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
+# checkpoints: runs/tp-2d-<jobid>/ in the course folder (OUTPUT_ROOT changes runs/).
 # World size = nodes x GPUs per node. Change --nodes and --gpus-per-node; nothing else.
 # TP never crosses a node here: its all-reduces wait on every block. Help and troubleshooting: slurm/README.md.
 #SBATCH --job-name=tp-2d
@@ -21,11 +21,9 @@
 #SBATCH --cpus-per-task=8          # CPUs per node for ALL its processes, split between them below
 #SBATCH --time=00:30:00
 #SBATCH --output=logs/%x-%j.out    # relative to the folder you ran sbatch in; %x = job name, %j = job id
-# Time limit and preemption: Slurm sends SIGUSR1 120-180 s before the time limit to the processes of the
-# job's steps (srun; B:USR1@120 would signal only this batch shell, for scripts that trap it themselves).
-# They save a checkpoint and requeue the job, which keeps its id and resumes (slurm/README.md, "Time limits").
-#SBATCH --signal=USR1@120          # raise the 120 if saving a checkpoint takes longer than a minute
-#SBATCH --requeue                  # the job may go back to the queue: on preemption, or by itself on SIGUSR1
+# Preemption: Slurm may requeue the job (same id, same log); --resume auto below continues from the last
+# finished epoch. Stopping cleanly before a time limit (SIGUSR1): trainer/slurm_train.sh (trainer/README.md).
+#SBATCH --requeue                  # the job may go back to the queue on preemption
 #SBATCH --open-mode=append         # a requeued run appends to the same log instead of overwriting it
 set -euo pipefail  # the first command: sbatch reads no #SBATCH line below it
 source "${SLURM_SUBMIT_DIR:?submit with sbatch from the course folder}/slurm/job_env.sh"  # shared set-up; sites: slurm/site.sh
@@ -38,11 +36,9 @@ echo "== rendezvous $MASTER_ADDR:$MASTER_PORT (c10d, id $SLURM_JOB_ID)"
 
 # --ntasks/--ntasks-per-node: exactly one torchrun per node, whatever the #SBATCH lines say.
 # --cpus-per-task again: from Slurm 22.05 on, srun may not inherit it from sbatch.
-# trap "" USR1: SIGUSR1 would kill torchrun; exec passes the ignore on to it and its workers, whose own handler replaces it.
 # --tp: one TP group per node (the processes of a node are consecutive ranks: the mesh's "tp" rows).
 # --resume auto: continue from the newest checkpoint in OUTPUT_DIR (after a requeue), else start fresh.
 srun --kill-on-bad-exit=1 --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
-    bash -c 'trap "" USR1; exec "$@"' _ \
     torchrun --nnodes="$SLURM_NNODES" --nproc_per_node="$NPROC_PER_NODE" \
     --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv_id="$SLURM_JOB_ID" \
     "$COURSE_DIR/06_tensor_parallel/mnist_tpmodel.py" --tp "$NPROC_PER_NODE" --num-workers "$NUM_WORKERS" --output-dir "$OUTPUT_DIR" --resume auto "$@"

@@ -35,6 +35,7 @@ from torch.utils.data import DistributedSampler  # noqa: E402
 from comm_bytes import predict, wire  # noqa: E402
 from common.loaders import DeviceLoader  # noqa: E402
 from tp_workers import lesson  # noqa: E402
+from trainer.tp import init_weights, parallelize  # noqa: E402  (the trainer's: built on the meta device)
 
 
 def sync(device):
@@ -76,9 +77,9 @@ def build(strategy: str, args, device, world: int):
     mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
     with torch.device("meta"):
         model = L.TPNet(blocks=args.blocks, hidden=args.hidden)
-    L.parallelize(model, mesh)
+    parallelize(model, mesh)
     model.to_empty(device=device)
-    L.init_weights(model, argparse.Namespace(seed=args.seed, width=1, blocks=args.blocks, hidden=args.hidden))
+    init_weights(model, argparse.Namespace(seed=args.seed, width=1, blocks=args.blocks, hidden=args.hidden))
     return model, mesh.size(0), mesh.get_local_rank("dp")
 
 

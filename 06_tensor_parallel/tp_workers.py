@@ -2,14 +2,14 @@
 
 common.launcher.launch starts each function in fresh CPU processes (gloo); they live in a .py file because a
 child process cannot import a function typed into a notebook. Every check builds the model exactly as the
-lesson does (TPNet on the meta device, parallelize, to_empty, init_weights) and returns plain numbers.
+lesson's main() does (TPNet after manual_seed, parallelize_module on each block, fully_shard) and returns plain
+numbers; the gradient-norm check uses the trainer's clip_grad_norm (trainer/tp.py: --clip-grad).
 """
 import copy
 import importlib.util
 import re
 import sys
 import warnings
-from argparse import Namespace
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode, visualize_sharding
 from torch.distributed.tensor.parallel import parallelize_module
@@ -29,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]  # the course folder (`common`) and this one (comm_bytes)
 
 from comm_bytes import ByteCounter  # noqa: E402
+from trainer.tp import clip_grad_norm  # noqa: E402
 
 
 def lesson():
@@ -49,18 +51,21 @@ def start(tp: int):
     return init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
 
 
+def parallelize(model, mesh):
+    """mnist_tpmodel.py's main(): TP over "tp" inside each block, then FSDP2 over "dp" on the units and the root."""
+    for block in model.blocks:
+        parallelize_module(block, mesh["tp"], lesson().TP_PLAN)
+    for unit in [model.features, model.fc1, *model.blocks, model.fc2, model]:
+        fully_shard(unit, mesh=mesh["dp"])
+    return model
+
+
 def build(mesh, blocks: int, hidden: int, seed: int = 1):
     """The lesson's model on this rank (sharded) and a plain TPNet with the same full weights, without dropout
     (Identity in its place: the same function on both paths, and no view returned from an FSDP2 unit)."""
-    L = lesson()
-    with torch.device("meta"):
-        model = L.TPNet(blocks=blocks, hidden=hidden)
-    L.parallelize(model, mesh)
-    model.to_empty(device="cpu")
-    L.init_weights(model, Namespace(seed=seed, width=1, blocks=blocks, hidden=hidden))
-    full = {k: v.full_tensor() for k, v in model.state_dict().items()}  # a collective: every rank the whole model
-    plain = L.TPNet(blocks=blocks, hidden=hidden)
-    plain.load_state_dict(full)
+    torch.manual_seed(seed)  # as the lesson: the same weights on every rank
+    plain = lesson().TPNet(blocks=blocks, hidden=hidden)
+    model = parallelize(copy.deepcopy(plain), mesh)
     for net in (model, plain):
         net.features[-1], net.dropout = torch.nn.Identity(), torch.nn.Identity()
     return model, plain
@@ -86,7 +91,7 @@ def equivalence(mesh, blocks: int = 2, hidden: int = 16, batch: int = 4) -> dict
     grads = dict(plain.named_parameters())
     grad_diff = max((p.grad.full_tensor() - grads[name].grad).abs().max().item()
                     for name, p in model.named_parameters())
-    norm = lesson().clip_grad_norm(model.parameters(), 1e9).item()  # max_norm 1e9: measures, clips nothing
+    norm = clip_grad_norm(model.parameters(), 1e9).item()  # max_norm 1e9: measures, clips nothing
     held = held_bytes(model)  # after one AdamW step
     return {"rank": dist.get_rank(), "dp_rank": dp_rank, "tp_rank": mesh.get_local_rank("tp"),
             "output_diff": (output - reference[mine]).abs().max().item(), "grad_diff": grad_diff,

@@ -12,7 +12,6 @@ course folder (a table; --plot draws the timelines):
 """
 import argparse
 import functools
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # this folder, also wh
 import torch
 import torch.distributed as dist
 
+import trainer.pp as pipeline  # the trainer's build (stages on the meta device) and make_schedule: all 4 schedules
 from common.errors import CourseError
 from common.exits import run
 from torch_floor import require_torch_2_10
@@ -62,16 +62,6 @@ def balanced_blocks(blocks: int, stages: int, hidden: int) -> list[range]:
     return [range(sum(sizes[:s]), sum(sizes[:s + 1])) for s in range(stages)]
 
 
-def lesson():
-    """mnist_ppmodel.py as a module (its name starts with a digit folder, so not importable by name)."""
-    if "mnist_ppmodel" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("mnist_ppmodel", Path(__file__).with_name("mnist_ppmodel.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules["mnist_ppmodel"] = module
-    return sys.modules["mnist_ppmodel"]
-
-
 def _timed(method, kind: str, events: list, device: torch.device):
     """The stage's own method, recording (kind, micro-batch, start, end) around it."""
     @functools.wraps(method)
@@ -87,7 +77,7 @@ def _timed(method, kind: str, events: list, device: torch.device):
 
 def measure(schedule: str, microbatches: int, device="cpu", steps: int = 3, blocks: int = 24, hidden: int = 1024,
             batch: int = 32, seed: int = 1, balance: bool = True) -> dict:
-    """Time `steps` training steps of lesson 07's pipeline (the first is a warm-up, not counted) on the ranks of the
+    """Time `steps` training steps of lesson 07's pipeline, as trainer/pp.py builds it (the first is a warm-up, not counted) on the ranks of the
     current process group (one pipeline: pp = world size). Every rank must call it; every rank gets the same row:
     s/step, idle measured (mean over ranks, and per rank), idle predicted, peak GPU memory (None on CPU), timelines.
     balance: stages of equal work (balanced_blocks), else the lesson's own cut."""
@@ -97,7 +87,7 @@ def measure(schedule: str, microbatches: int, device="cpu", steps: int = 3, bloc
 
     if steps < 2:
         raise ValueError(f"steps={steps}: the first step is a warm-up, measure needs 2 or more")
-    L, device = lesson(), torch.device(device)
+    L, device = pipeline, torch.device(device)
     p = dist.get_world_size()
     mesh = init_device_mesh(device.type, (p, 1), mesh_dim_names=("pp", "dp"))
     args = Namespace(pp_schedule=schedule, blocks=blocks, hidden=hidden, width=1, seed=seed, compile=None,

@@ -5,7 +5,7 @@ global batch and one row format; a failure (here, or in bubble.py's measure of e
     python benchmarks/bench.py --suite pp --gpus 2,4 --data-dir data    # rows and a section in docs/benchmarks.md
 
 PP here: TPNet cut into as many stages as ranks by lesson 07's own Stage and stage_blocks (the even cut: stage 0 also
-holds the convolutions and fc1), driven by lesson 07's make_schedule; every rank reads the same global batch (stage 0
+holds the convolutions and fc1), driven by the trainer's make_schedule (trainer/pp.py); every rank reads the same global batch (stage 0
 its images, the last stage its labels), cut into micro-batches. Each stage's layers get their own initialisation
 (reset_parameters after one seed), not the DDP run's weights: the values change no timing. Peak memory: the most any
 rank allocated during the timed steps, less what it held before the model was built (as tp_gpu_bench.measure: the
@@ -26,13 +26,13 @@ import torch.distributed as dist  # noqa: E402
 from torch.utils.data import DistributedSampler  # noqa: E402
 
 import tp_gpu_bench  # noqa: E402
-from bubble import lesson  # noqa: E402
+import trainer.pp as pipeline  # noqa: E402
 from common.loaders import DeviceLoader  # noqa: E402
 
 
 def build_pp(args, device, world: int):
     """This rank's stage of TPNet (one per rank) under lesson 07's schedule, and all its layers as one module."""
-    L = lesson()
+    L = pipeline
     with torch.device("meta"):
         net = tp_gpu_bench.lesson().TPNet(blocks=args.blocks, hidden=args.hidden)
     rank, ranges = dist.get_rank(), L.stage_blocks(args.blocks, world)

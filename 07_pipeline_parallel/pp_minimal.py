@@ -5,7 +5,7 @@ whole batch. From the course folder:
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 07_pipeline_parallel/pp_minimal.py
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 07_pipeline_parallel/pp_minimal.py --schedule 1f1b
 The notebook (pipeline.ipynb) and exercise 2 run step() in 2 gloo processes of common.launcher instead.
-mnist_ppmodel.py tells the same story at full size: Net cut into stages on the meta device, FSDP2, checkpoints.
+mnist_ppmodel.py tells the same story at full size: lesson 06's TPNet cut into stages, FSDP2, checkpoints.
 """
 import argparse
 import os

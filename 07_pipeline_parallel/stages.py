@@ -1,6 +1,6 @@
-"""Lesson 07's stages as modules: Stage, some of Net's layers run as Net runs them; stage_blocks, the cut;
-init_weights, the values Net() draws, each rank keeping its stages' layers (mnist_ppmodel.py's build() uses them);
-replicas and check_resume, what a checkpoint of the stages records and needs of a resumed run's layout."""
+"""Lesson 07's stages as modules: Stage, some of Net's layers run as Net runs them; stage_blocks, the cut
+(mnist_ppmodel.py uses these two). The trainer's (trainer/pp.py) also: init_weights, the values Net() draws, each
+rank keeping its stages' layers; replicas and check_resume, what a mid-epoch checkpoint needs of a resumed layout."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -1,7 +1,8 @@
-"""Ranks for tests/test_pipeline.py: lesson 07's own stages and schedules against a plain Net, on CPU with gloo.
+"""Ranks for tests/test_pipeline.py: lesson 07's stages (stages.py) and schedules against a plain Net, on CPU with gloo.
 
-common.launcher.launch starts each function in fresh CPU processes. Every check builds the stages exactly as the
-lesson does (build, make_schedule) and returns plain numbers; the test asserts on them in the parent process.
+common.launcher.launch starts each function in fresh CPU processes. Every check builds the stages as the trainer
+does (trainer/pp.py: build, make_schedule, its checkpoints: lesson 07's loop with every schedule and exact resume)
+and returns plain numbers; the test asserts on them in the parent process.
 """
 import sys
 from argparse import Namespace
@@ -20,7 +21,8 @@ from torch.distributed.tensor.debug import CommDebugMode
 LESSON = Path(__file__).resolve().parents[1] / "07_pipeline_parallel"
 sys.path[:0] = [str(LESSON.parent), str(LESSON)]  # the course folder (`common`) and lesson 07's (bubble)
 
-from bubble import lesson, measure  # noqa: E402  (lesson: the script, imported by its path)
+import trainer.pp as pipeline  # noqa: E402  (the trainer's build, make_schedule, checkpoints: lesson 07 grown)
+from bubble import measure  # noqa: E402
 from common.errors import CourseError  # noqa: E402
 from common.model import Net  # noqa: E402
 
@@ -44,7 +46,7 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 def equivalence(mesh, schedule: str, batch: int = 8, microbatches: int = 4) -> dict:
     """One pipelined training step against the plain Net on the whole global batch; then one with scale_grads=False.
     Dropout is Identity on both paths: the same function, whatever the random streams."""
-    L = lesson()
+    L = pipeline
     args = flags(schedule, microbatches=microbatches)
     stages, ids, count, model, _ = L.build(args, mesh, torch.device("cpu"))
     torch.manual_seed(args.seed)
@@ -92,7 +94,7 @@ class Stub:
 def roundtrip(mesh, path: str, schedule: str = "interleaved") -> dict:
     """One training step, the lesson's DCP checkpoint, and a model and optimizer built afresh (other weights, no
     state) that load it: the largest difference in any weight and optimizer state, and the learning rates."""
-    L = lesson()
+    L = pipeline
     made = []
     for seed in (1, 2):
         stages, ids, count, model, _ = L.build(flags(schedule, seed=seed), mesh, torch.device("cpu"))
@@ -140,7 +142,7 @@ def gathers(mesh, microbatches: int, reshard_after_forward: bool | None) -> dict
     lesson (None) or with FSDP2's reshard_after_forward forced: the all-gathers of a training step (the second: the
     first also infers the shapes), per unit; and the gathered bytes held at the start of each micro-batch's forward
     (F) and backward (B)."""
-    L, args = lesson(), flags("1f1b", hidden=128, microbatches=microbatches)
+    L, args = pipeline, flags("1f1b", hidden=128, microbatches=microbatches)
     lesson_fully_shard = L.fully_shard
     if reshard_after_forward is not None:
         forced = {"reshard_after_forward": reshard_after_forward}
@@ -189,7 +191,7 @@ def relayout(path: str) -> dict:
     """A checkpoint of a pp 2 x dp 2 1F1B run after one step, at an epoch's end and mid-epoch, resumed by other
     layouts of the same 4 ranks: another --dp, number of stages and --pp-schedule. The largest difference from what
     was saved, by name, or the one-line error."""
-    L, cpu = lesson(), torch.device("cpu")
+    L, cpu = pipeline, torch.device("cpu")
 
     def made(shape, schedule, seed):
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=("pp", "dp"))

@@ -29,8 +29,8 @@ def test_2_peers_must_share_the_batch_and_the_norm_counts_pieces_once():
     wrong = [float(x) for x in re.search(r"differs from the plain model's by ([\d.]+) \(batch 0\) and ([\d.]+)",
                                          out).groups()]
     assert min(wrong) > 1e-2 and float(re.search(r"the same batch: (\S+)", out).group(1)) < 1e-5, out
-    plain, lesson, naive = map(float, re.search(r"plain model ([\d.]+), lesson's clip_grad_norm ([\d.]+), "
-                                                r"local squares summed over ranks ([\d.]+)", out).groups())
-    assert lesson == plain and naive > 1.2 * plain, out
+    plain, trainer, naive = map(float, re.search(r"plain model ([\d.]+), trainer's clip_grad_norm ([\d.]+), "
+                                                 r"local squares summed over ranks ([\d.]+)", out).groups())
+    assert trainer == plain and naive > 1.2 * plain, out
     twice = out.split("counted twice: ")[1].split(", ")
     assert "blocks.0.down.bias" in twice and "fc1.weight" in twice and "blocks.0.up.weight" not in twice, out

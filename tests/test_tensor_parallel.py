@@ -67,10 +67,10 @@ def test_tp_not_dividing_the_processes_is_one_line(tmp_path, capsys, monkeypatch
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(SystemExit) as exit_:
-        run(tp_workers.lesson().main, ["--tp", 4, "--output-dir", tmp_path / "r"])
+        run(tp_workers.lesson().main, ["--tp", "4", "--output-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and "\n" not in err
-    assert err.startswith("error: --tp 4 does not divide the 6 processes"), err
+    assert err.startswith("error: --tp 4 does not divide the 6 process(es)"), err
 
 
 def check_step(results, dp, tp, key="step"):
