@@ -11,6 +11,8 @@ from common.distributed import get_rank
 from common.errors import CourseError, one_line
 
 OOM_ADVICE = "lower --batch-size, or shard the model with FSDP2 (lesson 05)"
+INTERRUPTED = ("interrupted (Ctrl-C): the epoch in progress is lost; continue from the last checkpoint with the same "
+               "command and --resume auto")
 
 
 def out_of_memory_advice(advice: str):
@@ -55,8 +57,7 @@ def run(main, argv=None) -> None:
     except torch.OutOfMemoryError as exc:
         code, line = 2, f"error: {out_of_memory_line(exc, getattr(exc, 'advice', OOM_ADVICE))}"
     except KeyboardInterrupt:
-        code, line = 130, ("interrupted (Ctrl-C): the epoch in progress is lost; continue from the last "
-                           "checkpoint with the same command and --resume auto")
+        code, line = 130, INTERRUPTED
     except Exception as exc:
         text = str(exc)
         if "EADDRINUSE" in text or "address already in use" in text.lower():
@@ -70,6 +71,10 @@ def run(main, argv=None) -> None:
                                     f"rank stopped first (see its error) ({one_line(exc, 120)})"), False
         else:
             raise
+    except BaseException as exc:  # DCP's CheckpointException (not an Exception) carries each rank's failure
+        if not any(isinstance(failure, KeyboardInterrupt) for failure, _ in getattr(exc, "failures", {}).values()):
+            raise
+        code, line = 130, INTERRUPTED  # Ctrl-C while dcp.save or dcp.load ran
     # Leave no group behind: a notebook may call main() again. After a broken collective (code 1) only a gloo
     # group is destroyed; an NCCL one may wait in its shutdown for a peer that is gone, and the process exits anyway.
     if dist.is_initialized() and (code in (2, 130) or (code == 1 and dist.get_backend() == "gloo")):

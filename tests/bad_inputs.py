@@ -55,13 +55,15 @@ import sys
 from dataclasses import dataclass, replace
 
 from lessons import PARALLEL, ROOT, TRAINER
+from lessons import SCRIPTS as LESSON_SCRIPTS
 
 # The rows of 02-07 run the trainer's module of that lesson's strategy (--parallel PARALLEL[lesson]).
 MODULES = {"02": "single", "03": "dp", "04": "ddp", "05": "fsdp2", "06": "tp", "07": "pp"}
 SCRIPTS = {**{k: ROOT / "trainer" / f"{v}.py" for k, v in MODULES.items()},
            "download": ROOT / "01_setup" / "download_mnist.py",
            "check_env": ROOT / "01_setup" / "check_env.py", "hello": ROOT / "01_setup" / "hello_distributed.py",
-           "08": ROOT / "08_your_model" / "digits_lm.py"}
+           "08": ROOT / "08_your_model" / "digits_lm.py",
+           **{f"teach{k}": path for k, path in LESSON_SCRIPTS.items() if k != "01"}}  # tests/test_lesson_inputs.py
 LESSONS = ("02", "03", "04", "05", "06", "07")
 TWO_RANKS = ("07",)  # a pipeline needs 2 processes: rows past the launch check, and the artifact, under torchrun
 MODES = ("python", "torchrun")
