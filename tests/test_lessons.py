@@ -100,6 +100,8 @@ def test_06_tp_inside_fsdp_on_a_2x2_mesh_resumes_on_another(small, tmp_path):
     assert [e for e, *_ in epochs(more)] == [2]
 
 
+@pytest.mark.skipif(torch.__version__ < "2.10", reason="lesson 07 needs torch >= 2.10 (its one line on 2.9: "
+                    "tests/test_pipeline_floor.py)")
 def test_07_pipelines_join_uneven_test_shards(small, tmp_path):
     """2 pipelines of 2 stages; 9 test images in batches of 4: 5 and 4, so 2 and 1 batches, and FSDP2 all-gathers
     across the pipelines: the one with fewer batches must join the other's last one (it hung without)."""
