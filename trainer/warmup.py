@@ -30,7 +30,7 @@ def warm_up(model, optimizer, train_loader, device: torch.device, args, amp_dtyp
                 labels = torch.randint(0, 10, (size,), generator=generator).to(device)
                 # --amp: the run's autocast dtype. No GradScaler: float16 gradients that overflow here are undone too.
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                    output = model(images)
+                    output = model(images)  # a collective under FSDP2: its units' all-gathers
                 F.nll_loss(output.float(), labels).backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
