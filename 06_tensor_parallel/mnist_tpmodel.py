@@ -39,13 +39,13 @@ LESSON = "06"
 
 def main(argv=None):
     parser = lesson_parser(LESSON, "Lesson 06: MNIST with tensor parallelism inside FSDP2 (a 2-D mesh)")
-    parser.add_argument("--tp", type=int, default=2, help="processes per TP group; the rest is FSDP2 (default: 2)")
-    parser.add_argument("--blocks", type=int, default=2, help="MLP blocks, the layers TP cuts (default: 2)")
-    parser.add_argument("--hidden", type=int, default=128, help="width of fc1 and the blocks (default: 128)")
+    parser.add_argument("--tp", type=parser.positive_int, default=2,
+                        help="processes per TP group; the rest is FSDP2 (default: 2)")
+    parser.add_argument("--blocks", type=parser.count, default=2, help="MLP blocks, the layers TP cuts (default: 2)")
+    parser.add_argument("--hidden", type=parser.positive_int, default=128, help="width of fc1 and blocks (default: 128)")
     args = parser.parse_args(argv)
-    if args.blocks < 0 or args.hidden < 1 or args.tp < 1 or 4 * args.hidden % args.tp:  # Colwise cuts evenly
-        parser.error(f"need --blocks >= 0, --hidden >= 1 and a --tp dividing a block's 4 x hidden features, got "
-                     f"--blocks {args.blocks} --hidden {args.hidden} --tp {args.tp}")
+    if 4 * args.hidden % args.tp:  # ColwiseParallel cuts evenly
+        parser.error(f"--tp {args.tp} does not divide a block's 4 x hidden = {4 * args.hidden} features: pick a divisor")
     checkpoints = EpochCheckpoints(args.output_dir, LESSON, sharded=True)  # DCP folders
     resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 

@@ -41,15 +41,14 @@ LESSON = "07"
 
 def main(argv=None):
     parser = lesson_parser(LESSON, "Lesson 07: MNIST with pipeline parallelism (x FSDP2: a 2-D mesh)")
-    parser.add_argument("--dp", type=int, default=1, help="pipelines (FSDP2 across them): stages = processes / dp")
+    parser.add_argument("--dp", type=parser.positive_int, default=1,
+                        help="pipelines (FSDP2 across them): stages = processes / dp (default: 1)")
     parser.add_argument("--pp-schedule", choices=["gpipe", "1f1b"], default="1f1b", help="gpipe: all forwards, then "
                         "all backwards; 1f1b: a backward as soon as it can run, fewer activations (default: 1f1b)")
-    parser.add_argument("--microbatches", type=int, default=4, help="micro-batches per batch (default: 4)")
-    parser.add_argument("--blocks", type=int, default=4, help="MLP blocks, the layers the stages split (default: 4)")
-    parser.add_argument("--hidden", type=int, default=128, help="width of fc1 and the blocks (default: 128)")
+    parser.add_argument("--microbatches", type=parser.positive_int, default=4, help="how many per batch (default: 4)")
+    parser.add_argument("--blocks", type=parser.count, default=4, help="MLP blocks, what the stages split (default: 4)")
+    parser.add_argument("--hidden", type=parser.positive_int, default=128, help="width of fc1 and blocks (default: 128)")
     args = parser.parse_args(argv)
-    if args.blocks < 0 or args.hidden < 1 or args.dp < 1 or args.microbatches < 1:
-        parser.error("need --blocks >= 0, --hidden >= 1, --dp >= 1 and --microbatches >= 1")
     if args.batch_size % args.microbatches or args.test_batch_size % args.microbatches:  # equal micro-batches
         parser.error(f"--microbatches {args.microbatches} must divide --batch-size and --test-batch-size")
     require_torch_2_10()  # torch 2.9's pipeline stages fail over gloo (torch_floor.py)

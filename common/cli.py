@@ -37,7 +37,9 @@ decay = _number(float, 0, False, 1, example=", e.g. 0.7")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with no abbreviations (--data is not --data-dir) and mistakes on one line."""
+    """argparse with no abbreviations (--data is not --data-dir), mistakes on one line, and the range-checked types at
+    hand for a script's own flags: `type=parser.positive_int` says `argument --hidden: must be >= 1, got 0`."""
+    positive_int, count = staticmethod(positive_int), staticmethod(count)
 
     def __init__(self, **kwargs):
         super().__init__(allow_abbrev=False, **kwargs)

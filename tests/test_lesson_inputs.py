@@ -52,8 +52,8 @@ def value_rows(lesson):
     rows = []
     for flag, kind in numeric_flags(lesson_parser(key(lesson))):
         if flag not in ZERO_ALLOWED:
-            rows.append(row(lesson, f"{flag[2:]}-zero", (flag, "0"), (flag,)))
-        rows.append(row(lesson, f"{flag[2:]}-negative", (flag, "-1"), (flag,)))
+            rows.append(row(lesson, f"{flag[2:]}-zero", (flag, "0"), (f"argument {flag}: must be ", "got 0")))
+        rows.append(row(lesson, f"{flag[2:]}-negative", (flag, "-1"), (f"argument {flag}: must be ", "got -1")))
         rows.append(row(lesson, f"{flag[2:]}-not-a-number", (flag, "ten"), (f"argument {flag}:", "'ten'")))
     return rows
 
@@ -86,7 +86,7 @@ def table():
         *[row(lesson, f"resume-{other}", ("--resume", checkpoint(other)),  # a .pt, DCP folders
               (f"{checkpoint(other)} is not a lesson {lesson} checkpoint",))
           for lesson, other in (("04", "02"), ("04", "05"), ("06", "05"))],
-        row("06", "tp-not-a-divisor", ("--tp", "3"), ("--tp 3", "a --tp dividing a block's 4 x hidden features")),
+        row("06", "tp-not-a-divisor", ("--tp", "3"), ("--tp 3 does not divide a block's 4 x hidden = 512 features",)),
         row("06", "tp-2-under-plain-python", ("--tp", "2"), ("--tp 2 does not divide the 1 process", "torchrun")),
         row("07", "microbatches-not-a-divisor", ("--microbatches", "3"), ("--microbatches 3 must divide",)),
         row("07", "pp-schedule-x", ("--pp-schedule", "x"), ("argument --pp-schedule: invalid choice: 'x'",)),
