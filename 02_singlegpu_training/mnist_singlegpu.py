@@ -28,7 +28,7 @@ LESSON = "02"
 
 def main(argv=None):
     args = lesson_parser(LESSON, "Lesson 02: MNIST on one device").parse_args(argv)
-    checkpoints = EpochCheckpoints(args.output_dir, LESSON)
+    checkpoints = EpochCheckpoints(args.output_dir, LESSON, flags=args)
     resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 
     device = pick_device(args.device)  # cuda if there is a GPU, else cpu

@@ -30,7 +30,7 @@ LESSON = "03"
 
 def main(argv=None):
     args = lesson_parser(LESSON, "Lesson 03: MNIST with nn.DataParallel over the visible GPUs").parse_args(argv)
-    checkpoints = EpochCheckpoints(args.output_dir, LESSON)
+    checkpoints = EpochCheckpoints(args.output_dir, LESSON, flags=args)
     resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 
     device = pick_device(args.device)  # cuda:0: DataParallel gathers outputs and gradients on the first GPU

@@ -32,7 +32,7 @@ LESSON = "04"
 
 def main(argv=None):
     args = lesson_parser(LESSON, "Lesson 04: MNIST with DistributedDataParallel (torchrun or srun)").parse_args(argv)
-    checkpoints = EpochCheckpoints(args.output_dir, LESSON)
+    checkpoints = EpochCheckpoints(args.output_dir, LESSON, flags=args)
     resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables

@@ -33,7 +33,7 @@ LESSON = "05"
 
 def main(argv=None):
     args = lesson_parser(LESSON, "Lesson 05: MNIST with FSDP2 and DCP checkpoints").parse_args(argv)
-    checkpoints = EpochCheckpoints(args.output_dir, LESSON, sharded=True)  # DCP folders
+    checkpoints = EpochCheckpoints(args.output_dir, LESSON, sharded=True, flags=args)  # DCP folders
     resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables

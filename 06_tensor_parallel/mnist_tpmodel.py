@@ -46,7 +46,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if 4 * args.hidden % args.tp:  # ColwiseParallel cuts evenly
         parser.error(f"--tp {args.tp} does not divide a block's 4 x hidden = {4 * args.hidden} features: pick a divisor")
-    checkpoints = EpochCheckpoints(args.output_dir, LESSON, sharded=True)  # DCP folders
+    checkpoints = EpochCheckpoints(args.output_dir, LESSON, sharded=True, flags=args)  # DCP folders
     resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables

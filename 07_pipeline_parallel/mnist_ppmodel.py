@@ -52,7 +52,7 @@ def main(argv=None):
     if args.batch_size % args.microbatches or args.test_batch_size % args.microbatches:  # equal micro-batches
         parser.error(f"--microbatches {args.microbatches} must divide --batch-size and --test-batch-size")
     require_torch_2_10()  # torch 2.9's pipeline stages fail over gloo (torch_floor.py)
-    checkpoints = EpochCheckpoints(args.output_dir, LESSON, sharded=True)  # DCP folders
+    checkpoints = EpochCheckpoints(args.output_dir, LESSON, sharded=True, flags=args)  # DCP folders
     resume = checkpoints.resume_from(args.resume)  # first, before anything slow: a used --output-dir is refused
 
     env = launch_env()  # RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or from srun's SLURM_* variables

@@ -6,7 +6,8 @@
             out of range; 06's --tp that cuts no block evenly or does not divide the processes, 07's
             --microbatches that do not divide the batch and a --dp that leaves no 2-stage pipeline
   paths     a typo'd --data-dir (real MNIST, offline), an --output-dir under a regular file, a fresh run into a
-            used folder, --resume of a missing path or another lesson's checkpoint, --resume auto in an empty folder
+            used folder, --resume of a missing path or another lesson's checkpoint, --resume auto in an empty folder,
+            --resume auto with flags other than the run's (02's --train-samples, 05's --data and --seed, 06's --hidden)
   launches  04 and 05 under plain python (exit 0, no Python warning) and under torchrun with 2 ranks (rank 0
             without the data while rank 1 waits; Ctrl-C); Ctrl-C inside lesson 05's dcp.save
 
@@ -28,6 +29,7 @@ import torch
 
 from bad_input_runs import Context, prepare, problems, run_in_process, torchrun_report_problems
 from bad_inputs import NO_NETWORK, ZERO_ALLOWED, Case, lesson_parser, numeric_flags
+from common.epoch_checkpoints import RECORD, EpochCheckpoints
 from lessons import ROOT, SCRIPTS, assert_clean
 
 pytestmark = pytest.mark.timeout(300)
@@ -79,6 +81,15 @@ def checkpoint(lesson):
     return f"{{art}}/runs/artifact-{key(lesson)}/out/checkpoints/{lesson}-epoch-001{'.pt' if lesson == '02' else ''}"
 
 
+def other_flags(lesson, name, flags, there, here):
+    """--resume auto in the fixture's resumable-teachNN (a checkpoint and its run.json) with flags of another run."""
+    folder = f"{{art}}/resumable-{key(lesson)}"
+    return row(lesson, name, ("--output-dir", folder, "--resume", "auto", *flags),
+               (f"{folder}/checkpoints/{lesson}-epoch-001", f"was written with {there}, this command has {here}: "
+                "a resume continues that run, so give it the same values"),
+               max_seconds=2.0, forbid=("resumed", "epoch ", "rank "))
+
+
 def table():
     rows = [r for lesson in TEACHING for r in lesson_rows(lesson)] + [
         *[row(lesson, "used-output-dir", (), ("{out}/checkpoints holds checkpoints of an earlier run", "--resume auto"),
@@ -86,6 +97,11 @@ def table():
         *[row(lesson, f"resume-{other}", ("--resume", checkpoint(other)),  # a .pt, DCP folders
               (f"{checkpoint(other)} is not a lesson {lesson} checkpoint",))
           for lesson, other in (("04", "02"), ("04", "05"), ("06", "05"))],
+        other_flags("02", "resume-other-train-samples", ("--train-samples", "128"), "--train-samples 64",
+                    "--train-samples 128"),
+        other_flags("05", "resume-other-data-and-seed", ("--data", "mnist", "--seed", "2"), "--data synthetic, --seed 1",
+                    "--data mnist, --seed 2"),
+        other_flags("06", "resume-other-hidden", ("--hidden", "64"), "--hidden 128", "--hidden 64"),
         row("06", "tp-not-a-divisor", ("--tp", "3"), ("--tp 3 does not divide a block's 4 x hidden = 512 features",)),
         row("06", "tp-2-under-plain-python", ("--tp", "2"), ("--tp 2 does not divide the 1 process", "torchrun")),
         row("07", "microbatches-not-a-divisor", ("--microbatches", "3"), ("--microbatches 3 must divide",)),
@@ -137,7 +153,8 @@ def torchrun(lesson):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, synthetic_dir):
     """The launches start first (all at once, in the background); then the artifacts the rows resume from (lesson
-    02's .pt from its --resume-auto row, 05's DCP folder) and every row's folder."""
+    02's .pt from its --resume-auto row, 05's DCP folder, each also in resumable-teachNN/checkpoints beside the
+    run.json its run wrote; for 06, the run.json of the rows' flags beside an empty stand-in) and every row's folder."""
     base = tmp_path_factory.mktemp("lesson_inputs")
     art = base / "art"
     ctx = Context(synthetic_dir, str(art), str(base / "rows"))
@@ -168,6 +185,13 @@ def runs(tmp_path_factory, synthetic_dir):
             made_here.parent.parent.mkdir(parents=True)
             Path(ctx.paths(case)["out"], "checkpoints").rename(made_here.parent)
             (art / f"ckpt-{key(lesson)}").symlink_to(made_here)  # what prepare() copies into a used --output-dir
+            resumable = art / f"resumable-{key(lesson)}" / "checkpoints"
+            resumable.mkdir(parents=True)
+            (made_here.parent / RECORD).rename(resumable / RECORD)
+            (resumable / made_here.name).symlink_to(made_here)
+        flags = lesson_parser(key("06")).parse_args([*small, *OWN["06"]])  # the values its record holds
+        with EpochCheckpoints(art / "resumable-teach06", "06", sharded=True, flags=flags).writing(1) as stand_in:
+            stand_in.mkdir()  # never read: the resume is refused first
         for case in TABLE:
             prepare(case, ctx)
         yield {"ctx": ctx, "launches": launches, "base": base, "resume-auto": made["02"]}
@@ -229,7 +253,8 @@ def test_rank_0_without_the_data_stops_both_ranks_with_one_line(lesson, runs):
 
 def finished(folder: Path) -> list[str]:
     """The checkpoints a --resume auto would see, each checked complete (a .pt loads, a DCP folder has .metadata)."""
-    names = sorted(p.name for p in folder.iterdir() if not p.name.endswith(".tmp")) if folder.is_dir() else []
+    names = sorted(p.name for p in folder.iterdir() if "-epoch-" in p.name and not p.name.endswith(".tmp")) \
+        if folder.is_dir() else []
     for name in names:
         path = folder / name
         assert (path / ".metadata").is_file() if path.is_dir() else torch.load(path, weights_only=True)["epoch"]

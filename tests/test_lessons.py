@@ -45,7 +45,7 @@ def test_02_trains_saves_each_epoch_and_resumes(small, tmp_path):
                       "--output-dir", tmp_path, "--resume", "auto")
     assert_clean(more)
     assert "resumed from" in more.stdout and [e for e, *_ in epochs(more)] == [3]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["02-epoch-002.pt", "02-epoch-003.pt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["02-epoch-002.pt", "02-epoch-003.pt", "run.json"]
 
 
 def test_03_dataparallel_on_cpu(small, tmp_path):
