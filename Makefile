@@ -70,8 +70,9 @@ test-floor:
 
 # A real two-node Slurm cluster on this machine (needs root; apt-installs slurm and munge if missing).
 test-slurm: setup
-	REQUIRE_SLURM=1 $(PY) -m pytest tests/test_slurm_cluster.py tests/test_slurm_lessons.py tests/test_slurm_preemption.py \
-	    tests/test_slurm_hsdp.py tests/test_slurm_sweep.py tests/test_slurm_lesson06.py tests/test_slurm_lesson07.py tests/test_slurm_lesson08.py -v
+	REQUIRE_SLURM=1 $(PY) -m pytest tests/test_slurm_cluster.py tests/test_slurm_scripts.py tests/test_slurm_lessons.py \
+	    tests/test_slurm_preemption.py tests/test_slurm_hsdp.py tests/test_slurm_sweep.py tests/test_slurm_lesson06.py \
+	    tests/test_slurm_lesson07.py tests/test_slurm_lesson08.py -v
 
 DEMO_FLAGS ?= --epochs 2 --train-samples 12000
 # The course's main job on CPU: lesson 04's DDP script with 2 gloo processes. Real MNIST when it is in
