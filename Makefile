@@ -28,12 +28,12 @@ TEST_WORKERS ?= 2
 # two-node Slurm cluster (where the machine can host it: root), the failure lab, the benchmark runner's CPU mode,
 # the signals' exact resumes, FSDP2's memory sweep, lesson 08's scripts, the walks of the reference pages and the
 # bytes docs/strategy.md gives FSDP2 and DDP.
-SLOW_TESTS := $(wildcard tests/test_slurm_*.py) tests/test_troubleshooting.py tests/test_bench.py tests/test_bench_llm.py \
-    tests/test_reliability.py tests/test_fsdp_memory.py tests/test_port.py tests/test_digits_lm.py \
-    tests/test_hf_pretrained.py tests/test_async_checkpoint.py tests/test_will_it_fit.py tests/test_interrupts_08.py \
-    tests/test_notebook_08.py tests/test_exercises_08.py tests/test_reference_walk.py tests/test_strategy_bytes.py \
-    tests/test_text_data.py tests/test_text_model.py tests/test_late_stops.py tests/test_finetune_text.py \
-    tests/test_llama8b.py
+SLOW_TESTS := $(wildcard tests/test_slurm_*.py) tests/test_troubleshooting.py tests/test_troubleshooting_host.py \
+    tests/test_bench.py tests/test_bench_llm.py tests/test_reliability.py tests/test_fsdp_memory.py \
+    tests/test_port.py tests/test_digits_lm.py tests/test_hf_pretrained.py tests/test_async_checkpoint.py \
+    tests/test_will_it_fit.py tests/test_interrupts_08.py tests/test_notebook_08.py tests/test_exercises_08.py \
+    tests/test_reference_walk.py tests/test_strategy_bytes.py tests/test_text_data.py tests/test_text_model.py \
+    tests/test_late_stops.py tests/test_finetune_text.py tests/test_llama8b.py
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=10 tests $(addprefix --ignore=,$(SLOW_TESTS))
 
@@ -70,8 +70,9 @@ test-floor:
 
 # A real two-node Slurm cluster on this machine (needs root; apt-installs slurm and munge if missing).
 test-slurm: setup
-	REQUIRE_SLURM=1 $(PY) -m pytest tests/test_slurm_cluster.py tests/test_slurm_lessons.py tests/test_slurm_preemption.py \
-	    tests/test_slurm_hsdp.py tests/test_slurm_sweep.py tests/test_slurm_lesson06.py tests/test_slurm_lesson07.py tests/test_slurm_lesson08.py -v
+	REQUIRE_SLURM=1 $(PY) -m pytest tests/test_slurm_cluster.py tests/test_slurm_scripts.py tests/test_slurm_lessons.py \
+	    tests/test_slurm_preemption.py tests/test_slurm_hsdp.py tests/test_slurm_sweep.py tests/test_slurm_lesson06.py \
+	    tests/test_slurm_lesson07.py tests/test_slurm_lesson08.py -v
 
 DEMO_FLAGS ?= --epochs 2 --train-samples 12000
 # The course's main job on CPU: lesson 04's DDP script with 2 gloo processes. Real MNIST when it is in

@@ -358,7 +358,7 @@ def _device_flag_rows() -> list[Case]:
 
 
 # Lesson 08's digits_lm.py has its own parser (no base_parser): its small run, and its --pretrained folders
-# (bad_input_runs.make_pretrained_folders: a tiny Llama written by save_pretrained, then its config.json edited).
+# (bad_input_artifacts.make_pretrained_folders: a tiny Llama written by save_pretrained, then its config.json edited).
 DIGITS_SMALL = ("--data", "synthetic", "--data-dir", "{data}", "--train-samples", "64", "--test-samples", "16",
                 "--batch-size", "32", "--epochs", "1", "--max-steps", "1", "--dtype", "float32",
                 "--output-dir", "{out}")

@@ -16,16 +16,16 @@ from common.download import prepare_data
 # waiting (for Slurm, for a timeout to fire, for processes to start), so two keep both cores busy. Tests that
 # share one costly thing run on one worker, one after another: the Slurm cluster (one per machine) and a module's
 # module-scoped runs. The longest groups are handed out first, so no worker is left with a long tail.
-SLOW_FIRST = ["test_slurm_", "test_troubleshooting.py", "test_reference_walk.py", "test_readme_walk.py",
+SLOW_FIRST = ["test_slurm_", "test_troubleshooting", "test_reference_walk.py", "test_readme_walk.py",
               "test_fsdp_memory.py", "test_bad_inputs.py", "test_lesson_inputs.py", "test_reliability.py",
               "test_notebooks.py", "test_interrupts.py", "test_early_stopping.py", "test_tensor_parallel.py",
               "test_pipeline.py", "test_notebook_06.py", "test_notebook_07.py", "test_port.py", "test_digits_lm.py",
               "test_async_checkpoint.py", "test_interrupts_08.py", "test_late_stops.py", "test_notebook_08.py",
               "test_bench_llm.py", "test_exercises_"]
 ONE_WORKER = {"test_bad_inputs.py", "test_lesson_inputs.py", "test_early_stopping.py", "test_fsdp_memory.py",
-              "test_interrupts.py", "test_predict.py", "test_troubleshooting.py", "test_port.py", "test_digits_lm.py",
-              "test_will_it_fit.py", "test_async_checkpoint.py", "test_interrupts_08.py",
-              "test_text_data.py", "test_finetune_text.py"}
+              "test_interrupts.py", "test_predict.py", "test_troubleshooting.py", "test_troubleshooting_host.py",
+              "test_port.py", "test_digits_lm.py", "test_will_it_fit.py", "test_async_checkpoint.py",
+              "test_interrupts_08.py", "test_text_data.py", "test_finetune_text.py"}
 
 
 def group(nodeid: str) -> str:

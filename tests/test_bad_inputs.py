@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from bad_input_runs import (Context, leftovers, make_artifacts, prepare, problems, run_in_process,
-                            torchrun_report_problems)
+from bad_input_artifacts import make_artifacts
+from bad_input_runs import Context, leftovers, prepare, problems, run_in_process, torchrun_report_problems
 from bad_inputs import (LESSONS, ROOT, ZERO_ALLOWED, build_table, command_line, lesson_parser, load_script,
                         numeric_flags)
 

@@ -5,8 +5,9 @@ Real gloo process groups through torchrun, on synthetic digits (genuine IDX file
 train_ddp.py runs as two "nodes" of one process each (two torchruns, both with LOCAL_RANK 0), train_fsdp.py through
 slurm_submit_any.sh (bash, with stand-ins for srun and scontrol: torchrun with a c10d rendezvous), the variants with
 torchrun --standalone. Each checklist item has a variant of a port with that item removed (a text replacement on a
-copy; the replaced text must exist), and the variant fails a check that the correct port passes (the checks:
-tests/port_checks.py). Most variants still run to the end with exit 0: their bugs are silent.
+copy; the replaced text must exist), and the variant fails a check that the correct port passes (the runs:
+tests/port_runs.py; the checks: tests/port_checks.py). Most variants still run to the end with exit 0: their bugs
+are silent.
 """
 import os
 import re
@@ -22,9 +23,9 @@ import torch.nn as nn
 
 from common.launcher import launch as launch_ranks
 from lessons import ROOT
-from port_checks import (CHECKS, DDP_CHECKS, FAILS_WITH, FAKE_SLURM, FROM_FILE, LOADING, PORT, SPY, TEST_DDP,
-                         TEST_FSDP, TRAIN_PY, VARIANTS, check_same_as_ddp, ddp_grads, launch, load_port, saved_on_a_gpu,
-                         small_bn_net, variant, wrong_half_of_the_test_labels)
+from port_checks import CHECKS, DDP_CHECKS, FAILS_WITH, check_same_as_ddp
+from port_runs import (FAKE_SLURM, FROM_FILE, LOADING, PORT, SPY, TEST_DDP, TEST_FSDP, TRAIN_PY, VARIANTS, ddp_grads,
+                       launch, load_port, saved_on_a_gpu, small_bn_net, variant, wrong_half_of_the_test_labels)
 from walk import TOLERANCE
 
 # The module's runs (every port, variant and batch run, 2 at a time) are set up inside the first test that needs them:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from walk import (BLOCK_TIMEOUT_S, HEADROOM, ROOT, TOLERANCE, Block, as_run, blocks, check, compare, copy_course, describe,
-                  find_mnist, pages, prepare, reads_real_mnist, run_block, walk_page)
+from course_copy import copy_course, find_mnist, prepare, run_block
+from walk import (BLOCK_TIMEOUT_S, HEADROOM, ROOT, TOLERANCE, Block, as_run, blocks, check, compare, describe, pages,
+                  reads_real_mnist, walk_page)
 
 
 def in_make_test(page: str) -> bool:

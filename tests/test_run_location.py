@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from walk import ROOT, copy_course
+from course_copy import ROOT, copy_course
 
 TINY = ["--data", "synthetic", "--train-samples", "128", "--test-samples", "64", "--epochs", "1", "--num-workers", "0"]
 SYS_PATH_LINE = "sys.path.insert(0, str(Path(__file__).resolve().parents[1]))"

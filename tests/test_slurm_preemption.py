@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from test_slurm_lessons import LEAKY, ROOT
+from slurm.jobs import LEAKY, ROOT
 
 EPOCHS = 3
 TRAIN_SAMPLES = 4000

@@ -1,7 +1,7 @@
 """What the Slurm tests of the lesson scripts share: the scripts, the environment a job must not inherit,
 sbatch as a learner runs it, waiting for a job, and reading its log and checkpoints.
-test_slurm_lessons.py, test_slurm_sweep.py, test_slurm_hsdp.py and test_slurm_lesson06.py to test_slurm_lesson08.py
-use it."""
+test_slurm_scripts.py, test_slurm_lessons.py, test_slurm_sweep.py, test_slurm_hsdp.py and test_slurm_lesson06.py to
+test_slurm_lesson08.py use it."""
 import os
 import re
 import subprocess
