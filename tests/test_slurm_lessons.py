@@ -103,7 +103,7 @@ def test_01_setup_checks_env_then_collectives(slurm_cluster, jobs):
 def one_epoch_checkpointed(job, lesson: str, log: str):
     """The teaching script's epoch line, with the test images the trailing arguments asked for, and its checkpoint."""
     one_epoch_line(log, TEST_SAMPLES[job.name])
-    assert sorted(p.name for p in (job.out_dir / "checkpoints").iterdir()) == [f"{lesson}-epoch-001.pt"]
+    assert sorted(p.name for p in (job.out_dir / "checkpoints").iterdir()) == [f"{lesson}-epoch-001.pt", "run.json"]
 
 
 def test_02_single_process(slurm_cluster, jobs):
