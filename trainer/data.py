@@ -1,4 +1,6 @@
 """The data of a run: MNIST (or its synthetic stand-in) split once, and the loaders of this process's share."""
+from functools import partial
+
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
@@ -33,7 +35,7 @@ def make_loaders(args, device, train_ds, val_ds, test_ds, replicas=None, replica
     else:
         train_sampler = DistributedSampler(train_ds, num_replicas=replicas, rank=replica, shuffle=True, seed=args.seed)
         # EvalSampler: every image on exactly one replica (DistributedSampler would pad with duplicates); sums.
-        evaluation = lambda ds: EvalSampler(ds, replicas, replica)  # noqa: E731
+        evaluation = partial(EvalSampler, num_replicas=replicas, rank=replica)
     val_loader = make_loader(args, val_ds, args.test_batch_size, evaluation(val_ds), device) if val_ds else None
     return (train_sampler, make_loader(args, train_ds, args.batch_size, train_sampler, device), val_loader,
             make_loader(args, test_ds, args.test_batch_size, evaluation(test_ds), device))

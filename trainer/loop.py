@@ -106,8 +106,10 @@ class Run:
         """The epochs; export(): after one more vote, model_full.pt (fsdp2, tp, 2d, pp). Returns metrics.json's
         numbers, e.g. for a notebook."""
         args, position, history, checkpoints = self.args, self.position, self.history, self.checkpoints
-        signals = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGUSR1,) if self.stop_group else ())  # Slurm's warning
-        with StopSignals(*signals) as self.stop:  # Ctrl-C, or Slurm's scancel and time limit
+        signals = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, or Slurm's scancel and time limit
+        if self.stop_group is not None:
+            signals += (signal.SIGUSR1,)  # + Slurm's warning before the limit
+        with StopSignals(*signals) as self.stop:
             for epoch in range(position.epoch, args.epochs + 1):
                 shuffle(self.train_sampler, args, epoch)
                 if getattr(args, "profile", False):  # --parallel single --profile
