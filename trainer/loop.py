@@ -34,7 +34,7 @@ class Run:
     def __init__(self, args, lesson, device, model, loaders, checkpoints, state, resume, replicas=1, amp_dtype=None,
                  stop_group=None, no_sync=None, clip_grad_norm=torch.nn.utils.clip_grad_norm_, counted=True,
                  join=False, scaler=True, warm=True):
-        self.args, self.lesson, self.device, self.model, self.amp_dtype = args, lesson, device, model, amp_dtype
+        self.args, self.device, self.model, self.amp_dtype = args, device, model, amp_dtype
         self.train_sampler, self.train_loader, self.val_loader, self.test_loader = loaders
         self.checkpoints, self.state, self.stop_group, self.stop = checkpoints, state, stop_group, None
         self.no_sync, self.clip_grad_norm, self.counted, self.join = no_sync, clip_grad_norm, counted, join
