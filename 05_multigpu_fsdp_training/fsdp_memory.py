@@ -5,7 +5,7 @@
     torchrun ... fsdp_memory.py --sweep "blocks=0,8,32;hidden=2048;tools=ddp,fsdp,checkpoint-activations"
 
 The model is lesson 05's, sharded by unit as mnist_fsdpmodel.py shards it, but built on the meta device: no rank ever
-holds the whole model (init_weights below fills each rank's shards with what `torch.manual_seed(seed); Net()` draws).
+holds the whole model (the trainer's init_weights, trainer/fsdp2.py, fills each rank's shards with what `torch.manual_seed(seed); Net()` draws).
 After --steps AdamW steps on random MNIST-shaped batches, every rank prints one JSON line: the bytes of parameters,
 gradients and optimizer state it really holds, its peak GPU memory and its median seconds per step.
   --checkpoint-activations    keep only each block's INPUT, recompute its activations in backward: less memory, +1 forward
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.cli import Parser, count, positive_int
@@ -42,28 +42,13 @@ from common.errors import CourseError
 from common.exits import run
 from common.files import work_in_course_folder
 from common.model import Net, count_parameters, model_flags
+from trainer.fsdp2 import init_weights
 
 TOOLS = ("checkpoint-activations", "no-reshard-after-forward", "cpu-offload", "prefetch", "ddp")
 SWEEP_KEYS = ("width", "blocks", "hidden", "batch_size", "steps")
 CPU_NOTE = ("on CPU: no peak memory (torch.cuda.max_memory_allocated counts GPU memory only), and held MiB counts "
             "weights, gradients and AdamW state, not activations or gathered units: --checkpoint-activations, "
             "--no-reshard-after-forward and --prefetch change only s/step here; their memory shows on GPUs")
-
-
-@torch.no_grad()
-def init_weights(model, args):
-    """What `torch.manual_seed(seed); Net()` draws, one module at a time, each rank keeping its piece."""
-    torch.manual_seed(args.seed)
-    with torch.device("meta"):
-        twin = Net(**model_flags(args))  # an unsharded twin, shapes only
-    owners = [[m for m in net.modules() if list(m.parameters(recurse=False))] for net in (model, twin)]
-    for sharded, full in zip(*owners):  # conv1, conv2, fc1, the blocks, fc2: the order Net() drew them
-        full.to_empty(device="cpu", recurse=False)  # this module's full tensors for a moment, never the whole model
-        full.reset_parameters()  # the module's own initialisation, as in Net()
-        for shard, value in zip(sharded.parameters(recurse=False), full.parameters(recurse=False)):
-            shard.to_local().copy_(distribute_tensor(value, shard.device_mesh, shard.placements,
-                                                     src_data_rank=None).to_local())  # cut my piece, no messages
-        full.to_empty(device="meta", recurse=False)  # and free it
 
 
 def build(args, device, mesh):
@@ -94,7 +79,7 @@ def build(args, device, mesh):
             this.set_modules_to_forward_prefetch([after])
             after.set_modules_to_backward_prefetch([this])  # backward runs the units in reverse
     model.to_empty(device="cpu" if args.cpu_offload else device)  # this rank's shards, where they will live
-    init_weights(model, args)  # the values `torch.manual_seed(seed); Net()` draws (above)
+    init_weights(model, args)  # the values `torch.manual_seed(seed); Net()` draws (trainer/fsdp2.py)
     return model
 
 

@@ -35,7 +35,8 @@ from torch.utils.data import DistributedSampler  # noqa: E402
 from comm_bytes import predict, wire  # noqa: E402
 from common.loaders import DeviceLoader  # noqa: E402
 from tp_workers import lesson  # noqa: E402
-from trainer.tp import init_weights, parallelize  # noqa: E402  (the trainer's: built on the meta device)
+from trainer.fsdp2 import init_weights  # noqa: E402  (the trainer's: built on the meta device)
+from trainer.tp import TPNet, parallelize  # noqa: E402
 
 
 def sync(device):
@@ -79,7 +80,7 @@ def build(strategy: str, args, device, world: int):
         model = L.TPNet(blocks=args.blocks, hidden=args.hidden)
     parallelize(model, mesh)
     model.to_empty(device=device)
-    init_weights(model, argparse.Namespace(seed=args.seed, width=1, blocks=args.blocks, hidden=args.hidden))
+    init_weights(model, argparse.Namespace(seed=args.seed, width=1, blocks=args.blocks, hidden=args.hidden), TPNet)
     return model, mesh.size(0), mesh.get_local_rank("dp")
 
 

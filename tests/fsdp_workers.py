@@ -3,8 +3,7 @@
 They live in a module so that common.launcher's spawned processes can import them. Each check returns
 the largest difference it found; the test asserts on them in the parent process.
 """
-import importlib.util
-from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -14,22 +13,12 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+import trainer.fsdp2 as lesson05
 from common.cli import base_parser
 from common.model import Net
-from trainer.optim import make_optimizer, make_scheduler
 from common.position import Position
-from common.signals import StopSignals
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def lesson05():
-    """The trainer's fsdp2 (lesson 05's code, with grad accumulation, clipping and stop votes) as a module: its own
-    train() is what the tests run."""
-    spec = importlib.util.spec_from_file_location("trainer_fsdp2", ROOT / "trainer" / "fsdp2.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from trainer.loop import Run
+from trainer.optim import make_optimizer, make_scheduler
 
 
 def sharded_net(width, mesh, seed):
@@ -39,7 +28,7 @@ def sharded_net(width, mesh, seed):
     for unit in (model.features, model.fc1, *model.blocks, model.fc2, model):
         fully_shard(unit, mesh=mesh)
     model.to_empty(device="cpu")
-    lesson05().init_weights(model, base_parser("05", "test").parse_args(["--seed", str(seed), "--width", str(width)]))
+    lesson05.init_weights(model, base_parser("05", "test").parse_args(["--seed", str(seed), "--width", str(width)]))
     return model
 
 
@@ -66,15 +55,19 @@ def lesson_args(output_dir, grad_accum, clip_grad):
     return args
 
 
-def one_step_with_lesson_train(lesson, width, mesh, batches, grad_accum, clip_grad, output_dir):
-    """One optimizer step of the lesson's train() on this rank's micro-batches, dropout off; the full weights after."""
+def one_step_with_lesson_train(width, mesh, batches, grad_accum, clip_grad, output_dir):
+    """One optimizer step of the trainer's loop (trainer/loop.py) as --parallel fsdp2 runs it (its no_sync) on this
+    rank's micro-batches, dropout off; the full weights after."""
     model = sharded_net(width, mesh, seed=1)
     no_dropout(model)
     args = lesson_args(output_dir, grad_accum, clip_grad)
     optimizer = make_optimizer(args, model.parameters())
-    scheduler = make_scheduler(args, optimizer, steps_per_epoch=1)
-    lesson.train(args, model, torch.device("cpu"), batches, optimizer, scheduler, Position(), StopSignals(), None,
-                 None, torch.amp.GradScaler("cpu", enabled=False))  # no --amp
+    run = SimpleNamespace(args=args, model=model, device=torch.device("cpu"), train_loader=batches, optimizer=optimizer,
+                          scheduler=make_scheduler(args, optimizer, steps_per_epoch=1), position=Position(),
+                          stopping=lambda: False, no_sync=lambda: lesson05.no_sync(model), amp_dtype=None,
+                          scaler=torch.amp.GradScaler("cpu", enabled=False),  # no --amp
+                          clip_grad_norm=torch.nn.utils.clip_grad_norm_, counted=True)
+    Run.train_epoch(run)
     return full_state(model)
 
 
@@ -82,13 +75,12 @@ def fsdp_equivalence(width, micro, accum, clip, output_dir):
     """On a 1-D mesh over all ranks and on an HSDP (2, W/2) mesh:
     init: meta-device + the lesson's init_weights equals eager Net() with the same seed;
     init_from: set_model_state_dict(full, broadcast_from_rank0) gives exactly rank 0's weights;
-    accum: `accum` micro-batches with set_requires_gradient_sync(False) (the lesson's train()) equal one step
+    accum: `accum` micro-batches under the trainer's no_sync (set_requires_gradient_sync(False)) equal one step
         on accum-times-larger batches, and equal a plain Net stepping on the whole global batch;
     clip: the same with --clip-grad active; the sharded norm (.full_tensor()) equals the plain Net's norm.
     """
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    lesson = lesson05()
     torch.manual_seed(1)
     eager = Net(width=width)
     generator = torch.Generator().manual_seed(123)
@@ -128,8 +120,8 @@ def fsdp_equivalence(width, micro, accum, clip, output_dir):
         out["init_from"] = max_diff(full_state(model), other)
 
         for clip_grad in (None, clip):
-            accumulated = one_step_with_lesson_train(lesson, width, mesh, micro_batches, accum, clip_grad, output_dir)
-            large = one_step_with_lesson_train(lesson, width, mesh, big_batch, 1, clip_grad, output_dir)
+            accumulated = one_step_with_lesson_train(width, mesh, micro_batches, accum, clip_grad, output_dir)
+            large = one_step_with_lesson_train(width, mesh, big_batch, 1, clip_grad, output_dir)
             key = "clip" if clip_grad else "accum"
             out[key] = max(max_diff(accumulated, large), max_diff(accumulated, reference[clip_grad][0]))
 

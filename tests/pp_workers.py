@@ -1,7 +1,7 @@
 """Ranks for tests/test_pipeline.py: lesson 07's stages (stages.py) and schedules against a plain Net, on CPU with gloo.
 
 common.launcher.launch starts each function in fresh CPU processes. Every check builds the stages as the trainer
-does (trainer/pp.py: build, make_schedule, its checkpoints: lesson 07's loop with every schedule and exact resume)
+does (trainer/pp.py: build, make_schedule, PipelineDCP: lesson 07's loop with every schedule and exact resume)
 and returns plain numbers; the test asserts on them in the parent process.
 """
 import sys
@@ -25,6 +25,7 @@ import trainer.pp as pipeline  # noqa: E402  (the trainer's build, make_schedule
 from bubble import measure  # noqa: E402
 from common.errors import CourseError  # noqa: E402
 from common.model import Net  # noqa: E402
+from common.position import Position  # noqa: E402
 
 
 def start(dp: int):
@@ -81,7 +82,7 @@ def equivalence(mesh, schedule: str, batch: int = 8, microbatches: int = 4) -> d
 
 
 class Stub:
-    """What checkpoint_state asks of the run's History and CheckpointDir."""
+    """What the checkpoint asks of the run's History and CheckpointDir."""
     run = "test"
 
     def state_dict(self) -> dict:
@@ -89,6 +90,12 @@ class Stub:
 
     def load_state_dict(self, *args) -> None:
         pass
+
+
+def run_of(model, optimizer, scheduler, position=None) -> SimpleNamespace:
+    """What the trainer's pipeline checkpoint (trainer/pp.py: PipelineDCP, trainer/state.py) asks of a run."""
+    return SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, scaler=None,
+                           position=position or Position(), history=Stub(), checkpoints=Stub())
 
 
 def roundtrip(mesh, path: str, schedule: str = "interleaved") -> dict:
@@ -108,9 +115,8 @@ def roundtrip(mesh, path: str, schedule: str = "interleaved") -> dict:
     pipe.step(*[images] * (0 in ids), target=labels if count - 1 in ids else None)
     optimizer.step()
     scheduler.step()  # lr 0.5 x 0.7
-    position = L.Position()
-    L.save_checkpoint(Path(path), model, optimizer, scheduler, position, Stub(), Stub())
-    L.load_checkpoint(Path(path), fresh, fresh_optimizer, fresh_scheduler, L.Position(), Stub(), Stub())
+    L.PipelineDCP().save(Path(path), run_of(model, optimizer, scheduler))
+    L.PipelineDCP().load(Path(path), run_of(fresh, fresh_optimizer, fresh_scheduler))
     weights = max((full(a) - full(b)).abs().max().item() for a, b in zip(model.parameters(), fresh.parameters()))
     state = max((full(s[k]) - full(fresh_optimizer.state[q][k])).abs().max().item()
                 for p, q in zip(model.parameters(), fresh.parameters()) for s in [optimizer.state[p]]
@@ -207,16 +213,15 @@ def relayout(path: str) -> dict:
     optimizer.step()
     scheduler.step()
     saved = state(model, optimizer)
-    for name, position in (("end", L.Position(2, 0)), ("mid", L.Position(1, 3))):
-        L.save_checkpoint(Path(path) / name, model, optimizer, scheduler, position, Stub(), Stub())
+    for name, position in (("end", Position(2, 0)), ("mid", Position(1, 3))):
+        L.PipelineDCP().save(Path(path) / name, run_of(model, optimizer, scheduler, position))
     out = {"saved": sorted(saved)}
     for shape, schedule in (((4, 1), "1f1b"), ((2, 2), "interleaved"), ((4, 1), "gpipe")):
         for name in ("end", "mid"):
             _, _, _, _, fresh, fresh_optimizer, fresh_scheduler = made(shape, schedule, 2)
             key = f"{shape[0]}x{shape[1]} {schedule} {name}"
             try:
-                L.load_checkpoint(Path(path) / name, fresh, fresh_optimizer, fresh_scheduler, L.Position(), Stub(),
-                                  Stub())
+                L.PipelineDCP().load(Path(path) / name, run_of(fresh, fresh_optimizer, fresh_scheduler))
             except CourseError as e:
                 out[key] = str(e).replace(path, "PATH")
                 continue

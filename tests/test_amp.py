@@ -66,14 +66,15 @@ def test_amp_choice_on_the_cpu(capsys):
 
 
 def test_a_float16_step_that_overflows_is_skipped(tmp_path):
-    """The trainer's single train() (lesson 02's loop) with float16 autocast on the CPU: a loss scale so large that
-    the gradients overflow skips the optimizer step (weights unchanged) and halves the scale; a sane one trains."""
+    """The trainer's loop (trainer/loop.py, as --parallel single runs it) with float16 autocast on the CPU: a loss
+    scale so large that the gradients overflow skips the optimizer step (weights unchanged) and halves the scale; a
+    sane one trains."""
+    from types import SimpleNamespace
     from common.cli import base_parser
     from common.model import Net
-    from trainer.optim import make_optimizer, make_scheduler
     from common.position import Position
-    from common.signals import StopSignals
-    from trainer import single as lesson
+    from trainer.loop import Run
+    from trainer.optim import make_optimizer, make_scheduler
     args = base_parser("02", "test").parse_args(["--optimizer", "sgd", "--lr", "0.1", "--output-dir", str(tmp_path)])
     torch.manual_seed(0)
     batches = [(torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,)))]
@@ -84,8 +85,10 @@ def test_a_float16_step_that_overflows_is_skipped(tmp_path):
         scheduler = make_scheduler(args, optimizer, steps_per_epoch=1)
         optimizer.step()  # no gradients yet: changes nothing, but the scheduler sees a step, as after warm_up
         scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
-        lesson.train(args, model, torch.device("cpu"), batches, optimizer, scheduler, Position(), StopSignals(),
-                     torch.float16, scaler)
+        Run.train_epoch(SimpleNamespace(args=args, model=model, device=torch.device("cpu"), train_loader=batches,
+                                        optimizer=optimizer, scheduler=scheduler, position=Position(), scaler=scaler,
+                                        stopping=lambda: False, no_sync=None, amp_dtype=torch.float16,
+                                        clip_grad_norm=torch.nn.utils.clip_grad_norm_, counted=True))
         unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
         assert unchanged is skipped and scaler.get_scale() == (init_scale / 2 if skipped else init_scale)
 

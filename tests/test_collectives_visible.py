@@ -1,5 +1,7 @@
-"""Every collective the trainer runs through `common` is visible at its call site (trainer/ddp.py, fsdp2.py, pp.py:
-today's lessons 04, 05 and 07, whose production features, the stop votes and mid-epoch positions, it keeps).
+"""Every collective the trainer runs through `common` is visible at its call site (--parallel ddp, fsdp2, pp: today's
+lessons 04, 05 and 07, whose production features, the stop votes and mid-epoch positions, it keeps). The call sites
+lie in the strategy's module or in the shared ones (trainer/loop.py, state.py, data.py, warmup.py): every file of
+trainer/ that calls into common is checked, each call site on its own.
 
 A collective hangs unless every rank calls it, so a reader of these files must see each one: by the
 call's own name (`meter.all_reduce()`, `barrier=dist.barrier`) or by a comment on the call or directly above it
@@ -22,8 +24,9 @@ EVERY_LESSON = {("barrier", "data.load_mnist"): 1,  # rank 0 prepares the files,
                 ("all_gather_object", "position.Position.state_dict"): 1}  # the epoch's checkpoint
 # Lessons 05 and 07 gather model_full.pt after the loop: one more vote first, so that every rank gathers or none.
 GATHERING = Counter(EVERY_LESSON) + Counter({("all_reduce", "signals.StopSignals.agreed"): 1})
-# Lesson 05: FSDP's all-gathers and reduce-scatters, inside Net.forward's units (also from trainer/warmup.py). How many
-# depends on torch's prefetching, so only where they come from is checked.
+SHARED = ("loop", "state", "data", "process", "warmup")  # trainer/'s modules that every strategy runs
+# Lesson 05: FSDP's all-gathers and reduce-scatters, inside Net.forward's units (from trainer/loop.py and warmup.py).
+# How many depends on torch's prefetching, so only where they come from is checked.
 FSDP = {"model.Net.forward"}
 
 
@@ -76,23 +79,22 @@ def without_comments(text: str, call: dict) -> str:
 
 
 def check_lesson(lesson: str, recorded: list[list[dict]]) -> list[dict]:
-    """The checks common to both lessons; returns rank 0's calls."""
+    """The checks common to the trainer's strategies; returns rank 0's calls."""
     assert recorded[0], "nothing recorded: is tests/record_collectives on PYTHONPATH?"
-    script, warmup = ROOT / "trainer" / f"{PARALLEL[lesson]}.py", ROOT / "trainer" / "warmup.py"
-    sites = [[(c["collective"], c["through"], c["first_line"]) for c in calls] for calls in recorded]
+    sites = [[(c["collective"], c["through"], c["file"], c["first_line"]) for c in calls] for calls in recorded]
     assert sites[0] == sites[1]  # every rank calls the same collectives at the same lines, in the same order
-    # trainer/warmup.py's steps call Net.forward too (under FSDP2: all-gathers): marked there
-    warm = [c for c in recorded[0] if Path(c["file"]) == warmup]
-    assert unmarked(warmup.read_text(), warm) == []
-    recorded = [[c for c in calls if Path(c["file"]) != warmup] for calls in recorded]
-    assert {Path(c["file"]) for c in recorded[0]} == {script}
-    text = script.read_text()
-    assert unmarked(text, recorded[0]) == []
-    commented = [c for c in recorded[0] if not unmarked(text, [c]) and unmarked(without_comments(text, c), [c])]
+    files = {Path(c["file"]) for c in recorded[0]}
+    assert files <= {ROOT / "trainer" / f"{name}.py" for name in (PARALLEL[lesson], *SHARED)}, files
+    commented = []
+    for script in files:  # each file's call sites: marked, and the comment-only markers really are the marks
+        calls, text = [c for c in recorded[0] if Path(c["file"]) == script], script.read_text()
+        assert unmarked(text, calls) == [], script
+        mine = [c for c in calls if not unmarked(text, [c]) and unmarked(without_comments(text, c), [c])]
+        for call in {c["first_line"]: c for c in mine}.values():  # each site's marker removed: the check says so
+            assert unmarked(without_comments(text, call), calls) == \
+                sorted({site(c) for c in calls if c["first_line"] == call["first_line"]})
+        commented += mine
     assert {c["through"] for c in commented} >= {"signals.StopSignals.agreed", "position.Position.state_dict"}
-    for call in {c["first_line"]: c for c in commented}.values():  # each site's marker removed: the check says so
-        assert unmarked(without_comments(text, call), recorded[0]) == \
-            sorted({site(c) for c in recorded[0] if c["first_line"] == call["first_line"]})
     return recorded[0]
 
 

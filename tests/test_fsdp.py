@@ -47,7 +47,7 @@ def test_init_from_lesson_04_checkpoint_with_amp_and_clip(small, tmp_path):
     exported = torch.load(out / "model_full.pt", weights_only=True)
     assert all(torch.allclose(exported[k], v, rtol=0, atol=1e-20) for k, v in weights.items())  # lr 1e-30 x ~1
     # The export itself (a plain state dict, no "model" key) is what --init-from also takes: read as it is.
-    again = fsdp_workers.lesson05().read_full_weights(out / "model_full.pt", Net())
+    again = fsdp_workers.lesson05.read_full_weights(out / "model_full.pt", Net())
     assert again.keys() == exported.keys() and all(torch.equal(again[k], exported[k]) for k in exported)
     # A checkpoint of another --width is refused in one line: the bad-input matrix's real torchrun launch
     # (tests/test_bad_inputs.py, row 05-init-from-other-width).

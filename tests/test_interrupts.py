@@ -137,20 +137,22 @@ def test_ctrl_c_in_the_trainers_ddp_under_torchrun_stops_every_rank_at_one_step(
 # ---- a second Ctrl-C ---------------------------------------------------------------------------------------
 
 # The child: trainer/single.py as train.py runs it, except that the checkpoint of the first Ctrl-C waits (up to 60 s)
-# before it saves, so that the test's second Ctrl-C provably arrives WHILE the first stop is still in progress.
+# before it saves (trainer/state.py's TorchSave.save), so that the test's second Ctrl-C provably arrives WHILE the
+# first stop is still in progress.
 SLOW_SAVE = f"""
 import sys, time
 sys.path[:0] = [{str(ROOT)!r}]
 from common.exits import run
 from trainer import single as lesson
-save = lesson.save_checkpoint
+from trainer.state import TorchSave
+save = TorchSave.save
 def save_slowly(*args, **kwargs):
     print("test: the first Ctrl-C's checkpoint is being saved", flush=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         time.sleep(0.02)  # a second Ctrl-C raises KeyboardInterrupt in here
     save(*args, **kwargs)
-lesson.save_checkpoint = save_slowly
+TorchSave.save = save_slowly
 run(lesson.main, sys.argv[1:])
 """
 
