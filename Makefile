@@ -49,9 +49,10 @@ coverage: setup
 	$(PY) -m coverage combine --quiet && $(PY) -m coverage report && \
 	$(PY) -m coverage html --quiet -d build/coverage/html && exit $$status
 
-# The oldest torch the course supports (pyproject's floor), in its own venv: the lessons run on it too. One test is
-# left out: on torch 2.9, fully_shard reduce-scatters even over lesson 06's 1-rank "dp" mesh, so a 1 x 2 mesh counts
-# one reduce_scatter per unit more than its README derives (torch 2.14 does not; measured with both).
+# The oldest torch the course supports (pyproject's floor), in its own venv: the lessons run on it too. Two tests are
+# left out, both counts of lesson 06's collectives on a mesh with a 1-rank dimension: on torch 2.9, fully_shard
+# reduce-scatters even over a 1-rank "dp" (1 x 2: one reduce_scatter per unit more than its README derives), and a
+# 4 x 1 mesh's step has one all_reduce of 1,024 bytes more (torch 2.14 runs neither; measured with both).
 # On x86_64, PyPI's torch 2.9.1 is a CUDA build: about 3 GB of wheels and 7 GB installed, so no pip cache (it would
 # hold the wheels a second time), and a dropped download is retried.
 FLOOR_TORCH ?= torch==2.9.1 torchvision==0.24.1
@@ -67,7 +68,8 @@ test-floor:
 	.venv-floor/bin/python -c "import torch; assert torch.__version__.startswith('2.9.'), torch.__version__"
 	.venv-floor/bin/python -m pytest tests/test_lessons.py tests/test_fsdp.py tests/test_config_and_logging.py \
 	    tests/test_tensor_parallel.py tests/test_pipeline.py tests/test_pipeline_floor.py \
-	    --deselect tests/test_tensor_parallel.py::test_tp_on_2_ranks_and_the_checkpoint_on_1x2
+	    --deselect tests/test_tensor_parallel.py::test_tp_on_2_ranks_and_the_checkpoint_on_1x2 \
+	    --deselect tests/test_tensor_parallel.py::test_2d_on_4_ranks_and_the_checkpoint_on_4x1
 
 # A real two-node Slurm cluster on this machine (needs root; apt-installs slurm and munge if missing).
 test-slurm: setup
