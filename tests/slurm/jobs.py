@@ -223,7 +223,7 @@ def two_nodes_two_processes_each(cluster, script, name, synthetic_dir, tmp_path,
     assert rows == [(0, "n1", 4, 0), (1, "n1", 4, 1), (2, "n2", 4, 0), (3, "n2", 4, 1)], log
     one_epoch_line(log, 101)
     lesson = Path(script).parts[0][:2]
-    assert sorted(p.name for p in (out_dir / "checkpoints").iterdir()) == [f"{lesson}-epoch-001"]
+    assert sorted(p.name for p in (out_dir / "checkpoints").iterdir()) == [f"{lesson}-epoch-001", "run.json"]
     assert sorted(p.name for p in (out_dir / "checkpoints" / f"{lesson}-epoch-001").iterdir()) == \
         [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
     return job, log, rows
