@@ -2,7 +2,9 @@
 import functools
 import gc
 import os
+import signal
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -40,15 +42,40 @@ def out_of_memory_line(exc: BaseException, advice: str) -> str:
     return one_line(f"CUDA out of memory{where}{'; ' + tried if tried else ''}: {advice}", 400)
 
 
+class NoteCtrlC:
+    """`with NoteCtrlC() as ctrl_c:` SIGINT raises KeyboardInterrupt, as Python's default handler does, and sets
+    `ctrl_c.seen`. DCP catches a rank's KeyboardInterrupt and then gathers every rank's result; when the other ranks
+    have already stopped for the same Ctrl-C, that gather fails, and only the note says it was a Ctrl-C.
+    Left alone outside the main thread, or where SIGINT already has another handler."""
+    def __init__(self):
+        self.seen = False
+        self._saved = None
+
+    def _handler(self, signum, frame):
+        self.seen = True
+        signal.default_int_handler(signum, frame)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._saved = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            signal.signal(signal.SIGINT, self._saved)
+
+
 def run(main, argv=None) -> None:
     """Call main(). Rank 0 prints `error: ...` and exits 2 for bad input (the other ranks, which meet the same problem,
     leave quietly) and for CUDA out of memory (with main's out_of_memory_advice, else OOM_ADVICE); exit 1 with one
     line on a rank whose collective broke because another rank stopped first; exit 130 for Ctrl-C outside a
-    checkpointing stop. Python bugs keep their traceback."""
+    checkpointing stop, also when the Ctrl-C broke a collective (NoteCtrlC). Python bugs keep their traceback."""
     quiet = get_rank() != 0
-    code, line = 0, None
+    code, line, broken = 0, None, False
     try:
-        main(argv)
+        with NoteCtrlC() as ctrl_c:
+            main(argv)
         # destroy_process_group() leaves gloo's last tensors to its worker threads; freeing them now, not
         # during interpreter shutdown, avoids a "terminate called without an active exception" at exit.
         gc.collect()
@@ -67,17 +94,19 @@ def run(main, argv=None) -> None:
         elif isinstance(exc, (dist.DistError, ConnectionError)) or any(broken in text for broken in (
                 "Timed out waiting", "Connection closed by peer", "Connection reset by peer")):
             # A collective or the store failed: usually another rank exited first, and its own error says why.
-            code, line, quiet = 1, (f"rank {get_rank()}: stopping, a collective failed, most likely because another "
-                                    f"rank stopped first (see its error) ({one_line(exc, 120)})"), False
+            code, line, quiet, broken = 1, (f"rank {get_rank()}: stopping, a collective failed, most likely because another "
+                                    f"rank stopped first (see its error) ({one_line(exc, 120)})"), False, True
         else:
             raise
+        if ctrl_c.seen:  # this rank's Ctrl-C, which DCP turned into a gather with ranks already gone
+            code, line, quiet = 130, INTERRUPTED, get_rank() != 0
     except BaseException as exc:  # DCP's CheckpointException (not an Exception) carries each rank's failure
         if not any(isinstance(failure, KeyboardInterrupt) for failure, _ in getattr(exc, "failures", {}).values()):
             raise
         code, line = 130, INTERRUPTED  # Ctrl-C while dcp.save or dcp.load ran
-    # Leave no group behind: a notebook may call main() again. After a broken collective (code 1) only a gloo
-    # group is destroyed; an NCCL one may wait in its shutdown for a peer that is gone, and the process exits anyway.
-    if dist.is_initialized() and (code in (2, 130) or (code == 1 and dist.get_backend() == "gloo")):
+    # Leave no group behind: a notebook may call main() again. After a broken collective only a gloo group is
+    # destroyed; an NCCL one may wait in its shutdown for a peer that is gone, and the process exits anyway.
+    if dist.is_initialized() and code and (not broken or dist.get_backend() == "gloo"):
         dist.destroy_process_group()
         gc.collect()
     if line and not quiet:

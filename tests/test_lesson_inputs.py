@@ -280,14 +280,30 @@ def test_ctrl_c_while_training_under_torchrun(lesson, runs):
         f"{lesson}-epoch-{epoch:03d}{suffix}" for epoch in epochs}, lines[-30:]
 
 
-def test_ctrl_c_inside_dcp_save_is_the_one_line(runs):
+@pytest.mark.parametrize("peer_gone", [False, True], ids=["alone", "peer-gone"])
+def test_ctrl_c_inside_dcp_save_is_the_one_line(peer_gone, runs):
     """Lesson 05 in one process, the Ctrl-C raised while dcp.save writes its files (where the torchrun row's SIGINT
-    may land): DCP wraps the KeyboardInterrupt in its CheckpointException, a BaseException; still ONE line, exit 130."""
+    may land): DCP wraps the KeyboardInterrupt in its CheckpointException, a BaseException; still ONE line, exit 130.
+    peer-gone: DCP's gather of the ranks' results after the Ctrl-C fails, as it does when the other rank has already
+    stopped for the same Ctrl-C (the torchrun row); still the Ctrl-C line, not "a collective failed"."""
     from torch.distributed.checkpoint.filesystem import _FileSystemWriter
+    from torch.distributed.checkpoint.utils import _DistWrapper
 
-    case = row("05", "ctrl-c-in-dcp-save", ())
+    gather, interrupted = _DistWrapper.gather_object, []
+
+    def write_data(*_):
+        interrupted.append(True)
+        signal.raise_signal(signal.SIGINT)
+
+    def gather_after(self, obj):
+        if peer_gone and interrupted:
+            raise torch.distributed.DistNetworkError("Connection closed by peer")
+        return gather(self, obj)
+
+    case = row("05", f"ctrl-c-in-dcp-save-{peer_gone}", ())
     prepare(case, runs["ctx"])
-    with mock.patch.object(_FileSystemWriter, "write_data", lambda *_: signal.raise_signal(signal.SIGINT)):
+    with mock.patch.object(_FileSystemWriter, "write_data", write_data), \
+            mock.patch.object(_DistWrapper, "gather_object", gather_after):
         result = run_in_process(case, runs["ctx"])
     assert result["code"] == 130 and not result["escaped"], result
     assert [line[:20] for line in result["lines"] if not line.startswith(("rank 0 of 1", "epoch 1:"))] == [INTERRUPTED]
