@@ -27,14 +27,16 @@ TEST_WORKERS ?= 2
 # The slowest checks, which `make test` leaves to `make test-slow` (CI runs both, README.md says so): the real
 # two-node Slurm cluster (where the machine can host it: root), the failure lab, the benchmark runner's CPU mode,
 # the signals' exact resumes, FSDP2's memory sweep, lesson 08's scripts, the walks of every README and reference
-# page, the executed notebooks, and the bytes docs/strategy.md gives FSDP2 and DDP.
+# page, the executed notebooks, the bytes docs/strategy.md gives FSDP2 and DDP, and the trainer's --amp, early
+# stopping, Ctrl-C and --config runs.
 SLOW_TESTS := $(wildcard tests/test_slurm_*.py) tests/test_troubleshooting.py tests/test_troubleshooting_host.py \
     tests/test_bench.py tests/test_bench_llm.py tests/test_reliability.py tests/test_fsdp_memory.py \
     tests/test_port.py tests/test_digits_lm.py tests/test_hf_pretrained.py tests/test_async_checkpoint.py \
     tests/test_will_it_fit.py tests/test_interrupts_08.py tests/test_notebook_08.py tests/test_exercises_08.py \
     tests/test_reference_walk.py tests/test_readme_walk.py tests/test_notebooks.py tests/test_notebook_06.py \
     tests/test_notebook_07.py tests/test_strategy_bytes.py tests/test_text_data.py tests/test_text_model.py \
-    tests/test_late_stops.py tests/test_finetune_text.py tests/test_llama8b.py
+    tests/test_late_stops.py tests/test_finetune_text.py tests/test_llama8b.py tests/test_amp.py \
+    tests/test_early_stopping.py tests/test_interrupts.py tests/test_config_and_logging.py
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=10 tests $(addprefix --ignore=,$(SLOW_TESTS))
 
