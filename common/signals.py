@@ -45,7 +45,12 @@ class StopSignals:
         if signum == signal.SIGINT:
             now = time.monotonic()
             if self._first_ctrl_c is not None and now - self._first_ctrl_c > CTRL_C_REPEAT_S:
-                raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the checkpoint
+                # A second Ctrl-C: the user does not want to wait for the checkpoint. Ctrl-C's handler from before
+                # (Python's, or common.exits.run's NoteCtrlC, which also notes it) raises KeyboardInterrupt.
+                previous = self._saved.get(signal.SIGINT)
+                if callable(previous):
+                    previous(signum, frame)
+                raise KeyboardInterrupt
             self._first_ctrl_c = self._first_ctrl_c or now
         self.request = max(self.request, REQUESTS[signum])
 
