@@ -5,7 +5,8 @@
     torchrun ... fsdp_memory.py --sweep "blocks=0,8,32;hidden=2048;tools=ddp,fsdp,checkpoint-activations"
 
 The model is lesson 05's, sharded by unit as mnist_fsdpmodel.py shards it, but built on the meta device: no rank ever
-holds the whole model (the trainer's init_weights, trainer/fsdp2.py, fills each rank's shards with what `torch.manual_seed(seed); Net()` draws).
+holds the whole model (init_weights, from trainer/fsdp2.py, fills each rank's shards with what
+`torch.manual_seed(seed); Net()` draws).
 After --steps AdamW steps on random MNIST-shaped batches, every rank prints one JSON line: the bytes of parameters,
 gradients and optimizer state it really holds, its peak GPU memory and its median seconds per step.
   --checkpoint-activations    keep only each block's INPUT, recompute its activations in backward: less memory, +1 forward

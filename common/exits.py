@@ -94,8 +94,9 @@ def run(main, argv=None) -> None:
         elif isinstance(exc, (dist.DistError, ConnectionError)) or any(broken in text for broken in (
                 "Timed out waiting", "Connection closed by peer", "Connection reset by peer")):
             # A collective or the store failed: usually another rank exited first, and its own error says why.
-            code, line, quiet, broken = 1, (f"rank {get_rank()}: stopping, a collective failed, most likely because another "
-                                    f"rank stopped first (see its error) ({one_line(exc, 120)})"), False, True
+            broken = True
+            code, line, quiet = 1, (f"rank {get_rank()}: stopping, a collective failed, most likely because another "
+                                    f"rank stopped first (see its error) ({one_line(exc, 120)})"), False
         else:
             raise
         if ctrl_c.seen:  # this rank's Ctrl-C, which DCP turned into a gather with ranks already gone
